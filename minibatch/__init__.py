@@ -1,0 +1,12 @@
+"""minibatch: a compact, complete engine for serving small language models, built to be read.
+
+    from minibatch import LLM, EngineConfig, SamplingParams
+    llm = LLM(EngineConfig(model="tiny", scheduler="continuous", max_batch_size=8))
+    outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_new_tokens=16))
+"""
+from minibatch.config import ConfigError, EngineConfig, SamplingParams
+from minibatch.llm import LLM, RequestOutput
+from minibatch.workload import WorkloadRequest, load_workload, save_workload
+
+__all__ = ["LLM", "EngineConfig", "SamplingParams", "ConfigError", "RequestOutput", "WorkloadRequest",
+           "load_workload", "save_workload"]

@@ -1,0 +1,115 @@
+"""Configuration of the engine and of each request, checked the moment it is built.
+
+Two dataclasses, named after their vLLM counterparts so what is learned here transfers:
+`EngineConfig` says how the server batches (scheduler, batch size, timeout, token budget) and how it
+stores the KV cache (block size, number of blocks, layout); `SamplingParams` says how one request
+picks its tokens. Every field is validated in `__post_init__`, so a bad value fails with a message
+naming the field, the value and what is allowed, before any work starts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHEDULERS = ("static", "continuous", "edge")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_LAYOUTS = ("paged", "contiguous")
+ATTENTION_BACKENDS = ("torch", "numba", "numba-cuda")
+CLOCKS = ("real", "simulated")
+
+
+class ConfigError(ValueError):
+    """A configuration or request field holds a value that is not allowed."""
+
+
+def _fail(owner: str, name: str, value, allowed: str):
+    raise ConfigError(f"{owner}.{name}={value!r} is not allowed: {allowed}")
+
+
+def _check_choice(owner: str, name: str, value, choices):
+    if value not in choices:
+        _fail(owner, name, value, "choose one of " + ", ".join(repr(c) for c in choices))
+
+
+def _check_int(owner: str, name: str, value, minimum: int):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        _fail(owner, name, value, f"an integer >= {minimum}")
+
+
+def _check_number(owner: str, name: str, value, minimum: float):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < minimum:
+        _fail(owner, name, value, f"a number >= {minimum}")
+
+
+@dataclass
+class EngineConfig:
+    """How the engine loads the model, batches requests and stores the KV cache."""
+
+    model: str = "smollm2-135m"          # registry name ("smollm2-135m", "tiny", ...), a local folder or a hub id
+    device: str = "auto"                 # "auto" picks CUDA when torch sees a GPU, else the CPU
+    dtype: str = "auto"                  # "auto": float32 on CPU, bfloat16 on CUDA
+    scheduler: str = "continuous"        # "static" (wait for the longest), "continuous" (join/leave every step), "edge" (batch of one)
+    max_batch_size: int = 8              # most sequences in one step (vLLM: max_num_seqs)
+    batch_timeout_s: float = 0.0         # how long an idle engine waits to fill a batch before it starts
+    max_tokens_per_step: int = 512       # token budget of one step; longer prompts are prefilled in chunks (vLLM: max_num_batched_tokens)
+    block_size: int = 16                 # tokens per KV block (vLLM: block_size)
+    num_kv_blocks: int | None = None     # KV blocks in the pool; None derives it from kv_cache_memory_bytes
+    kv_cache_memory_bytes: int = 1 << 30  # memory budget for the KV cache when num_kv_blocks is None (1 GiB)
+    kv_layout: str = "paged"             # "paged" allocates blocks as tokens arrive; "contiguous" reserves max_model_len up front
+    max_model_len: int | None = None     # longest prompt + output; None takes the model's context, capped at 4096
+    attention_backend: str = "torch"     # "torch" (reference), "numba" (CPU kernels), "numba-cuda" (GPU kernels)
+    clock: str = "real"                  # "real" wall-clock time; "simulated" time from a cost model
+    seed: int = 0                        # default seed for sampled requests that set none
+
+    def __post_init__(self):
+        owner = "EngineConfig"
+        if not isinstance(self.model, str) or not self.model:
+            _fail(owner, "model", self.model, "a registry name, a local folder or a hub id")
+        _check_choice(owner, "device", self.device, DEVICES)
+        _check_choice(owner, "dtype", self.dtype, DTYPES)
+        _check_choice(owner, "scheduler", self.scheduler, SCHEDULERS)
+        _check_int(owner, "max_batch_size", self.max_batch_size, 1)
+        _check_number(owner, "batch_timeout_s", self.batch_timeout_s, 0.0)
+        _check_int(owner, "max_tokens_per_step", self.max_tokens_per_step, 1)
+        _check_int(owner, "block_size", self.block_size, 1)
+        if self.num_kv_blocks is not None:
+            _check_int(owner, "num_kv_blocks", self.num_kv_blocks, 1)
+        _check_int(owner, "kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
+        _check_choice(owner, "kv_layout", self.kv_layout, KV_LAYOUTS)
+        if self.max_model_len is not None:
+            _check_int(owner, "max_model_len", self.max_model_len, 2)
+        _check_choice(owner, "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _check_choice(owner, "clock", self.clock, CLOCKS)
+        _check_int(owner, "seed", self.seed, 0)
+
+
+@dataclass
+class SamplingParams:
+    """How one request chooses its tokens and when it stops."""
+
+    max_new_tokens: int = 16             # most tokens to generate (OpenAI/vLLM: max_tokens)
+    temperature: float = 0.0             # 0 means greedy (argmax); higher flattens the distribution
+    top_k: int = 0                       # keep only the k most likely tokens; 0 keeps all
+    top_p: float = 1.0                   # keep the smallest set of tokens whose probability reaches top_p
+    seed: int | None = None              # per-request seed: the same seed gives the same sample, whatever the batch
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # extra token ids that end the request
+    ignore_eos: bool = False             # keep generating past the end-of-sequence token (for benchmarks)
+
+    def __post_init__(self):
+        owner = "SamplingParams"
+        _check_int(owner, "max_new_tokens", self.max_new_tokens, 1)
+        _check_number(owner, "temperature", self.temperature, 0.0)
+        _check_int(owner, "top_k", self.top_k, 0)
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            _fail(owner, "top_p", self.top_p, "a number in (0, 1]")
+        if self.seed is not None:
+            _check_int(owner, "seed", self.seed, 0)
+        if isinstance(self.stop_token_ids, int) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
+        ):
+            _fail(owner, "stop_token_ids", self.stop_token_ids, "a sequence of non-negative token ids")
+        self.stop_token_ids = tuple(self.stop_token_ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

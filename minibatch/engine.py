@@ -1,0 +1,161 @@
+"""The engine's step loop: schedule, run, sample, update, record.
+
+`LLMEngine` owns the pieces (model, KV cache, block manager, scheduler, sampler, clock) and moves
+every request forward one step at a time. Requests are checked when they are added, so bad input
+fails before any work starts and never disturbs the requests already being served.
+"""
+from __future__ import annotations
+
+import torch
+
+from minibatch.clock import RealClock
+from minibatch.config import ConfigError, EngineConfig, SamplingParams
+from minibatch.kernels import get_backend
+from minibatch.kv import BlockManager, KVCache, blocks_for, kv_bytes_per_token
+from minibatch.metrics import StepRecord
+from minibatch.models import load_model
+from minibatch.models.llama import LlamaModel
+from minibatch.request import Request
+from minibatch.runner import ModelRunner
+from minibatch.sampling import Sampler
+from minibatch.schedulers import StepPlan, make_scheduler
+from minibatch.tokens import PromptEncoder
+
+DEFAULT_MAX_MODEL_LEN = 4096   # cap on the model's own context, so the default KV budget holds several sequences
+
+
+def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("EngineConfig.device='cuda' is not allowed here: torch sees no GPU; use 'cpu' or 'auto'")
+    use_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    name = config.dtype if config.dtype != "auto" else ("bfloat16" if use_cuda else "float32")
+    dtype = getattr(torch, name)
+    if config.attention_backend.startswith("numba") and dtype != torch.float32:
+        raise ConfigError(f"EngineConfig.dtype={config.dtype!r} is not allowed with attention_backend="
+                          f"{config.attention_backend!r}: the Numba kernels compute in 'float32'")
+    return device, dtype
+
+
+class LLMEngine:
+    """Holds the model and the cache, accepts requests, and advances them one step at a time."""
+
+    def __init__(self, config: EngineConfig, clock=None):
+        self.config = config
+        self.device, self.dtype = resolve_device_dtype(config)
+        self.backend = get_backend(config.attention_backend)
+        loaded = load_model(config.model, dtype=torch.float32)
+        context = loaded.config.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > context:
+            raise ConfigError(f"EngineConfig.max_model_len={config.max_model_len} is not allowed: "
+                              f"the model's context is {context} tokens")
+        self.max_model_len = config.max_model_len or min(context, DEFAULT_MAX_MODEL_LEN)
+        self.model = LlamaModel(loaded, self.dtype, self.device, self.max_model_len)
+        self.prompts = PromptEncoder(loaded.tokenizer, self.model.vocab_size, self.max_model_len)
+        self.eos_token_ids = set(loaded.eos_token_ids)
+        per_token = kv_bytes_per_token(self.model.num_layers, self.model.num_kv_heads, self.model.head_dim, self.dtype)
+        most_usable = blocks_for(self.max_model_len, config.block_size) * config.max_batch_size  # all slots full
+        num_blocks = config.num_kv_blocks or max(1, min(most_usable, config.kv_cache_memory_bytes // (per_token * config.block_size)))
+        self.kv_cache = KVCache(self.model.num_layers, num_blocks, config.block_size,
+                                self.model.num_kv_heads, self.model.head_dim, self.dtype, self.device)
+        self.blocks = BlockManager(num_blocks, config.block_size, config.kv_layout, self.max_model_len)
+        self.scheduler = make_scheduler(config, self.blocks)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.blocks, self.backend, self.device)
+        self.sampler = Sampler(config.seed)
+        self.clock = clock or RealClock()
+        self.requests: dict[int, Request] = {}
+        self.step_records: list[StepRecord] = []
+        self._next_id = 0
+
+    @property
+    def tokenizer(self):
+        return self.prompts.tokenizer
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise ConfigError if this request can never be served by this engine."""
+        if not isinstance(params, SamplingParams):
+            raise ConfigError(f"sampling_params={params!r} is not allowed: pass a SamplingParams")
+        worst = min(len(prompt_ids) + params.max_new_tokens, self.max_model_len)
+        need = max(blocks_for(worst, self.blocks.block_size), self.blocks.reserve_blocks)
+        if need > self.blocks.num_blocks:
+            raise ConfigError(
+                f"request needs {need} KV blocks (prompt {len(prompt_ids)} + max_new_tokens {params.max_new_tokens} "
+                f"tokens) but EngineConfig.num_kv_blocks={self.blocks.num_blocks}: it can never fit; "
+                "raise num_kv_blocks / kv_cache_memory_bytes or lower max_new_tokens")
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, arrival_time: float | None = None) -> Request:
+        """Queue an already encoded and checked prompt; returns its Request."""
+        arrival = self.clock.now() if arrival_time is None else arrival_time
+        request = Request(self._next_id, list(prompt_ids), params, arrival)
+        self._next_id += 1
+        self.requests[request.request_id] = request
+        self.scheduler.add(request)
+        return request
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def abort(self, request: Request) -> None:
+        """End a request early (a client went away); its blocks go back to the pool."""
+        if not request.is_finished:
+            self.scheduler.abort(request)
+            self._finish(request, "abort", self.clock.now())
+
+    def step(self) -> list[Request] | None:
+        """One step; returns the requests that finished in it, or None if nothing could run."""
+        start = self.clock.now()
+        plan = self.scheduler.schedule(start)
+        if not plan.seqs:
+            return None
+        record = self._describe(plan, start)
+        sampling = [s.request for s in plan.seqs if s.samples]
+        logits = self.runner.execute(plan)                                   # (S, V)
+        tokens = self.sampler.sample(logits, [r.request_id for r in sampling], [r.params for r in sampling])
+        end = self.clock.charge_step(plan, start)
+        finished = self._update(plan, sampling, tokens, end)
+        record.end = end
+        self.step_records.append(record)
+        return finished
+
+    def _describe(self, plan: StepPlan, start: float) -> StepRecord:
+        slots = {self.scheduler.slot_of[s.request.request_id]: (s.request.request_id, "prefill" if s.is_prefill else "decode")
+                 for s in plan.seqs}
+        slots.update({slot: (rid, "held") for slot, rid in plan.held_slots.items()})
+        for s in plan.seqs:
+            if s.request.first_scheduled_time is None:
+                s.request.first_scheduled_time = start
+        return StepRecord(
+            step=len(self.step_records), start=start, end=start, batch_size=len(plan.seqs),
+            num_prefill_tokens=sum(s.num_new_tokens for s in plan.seqs if s.is_prefill),
+            num_decode_tokens=sum(1 for s in plan.seqs if not s.is_prefill),
+            queue_depth=len(self.scheduler.waiting), kv_blocks_used=self.blocks.num_used_blocks,
+            kv_blocks_total=self.blocks.num_blocks, idle_slots=self.config.max_batch_size - len(plan.seqs),
+            num_preempted=len(plan.preempted), slots=slots)
+
+    def _update(self, plan: StepPlan, sampling: list[Request], tokens: list[int], now: float) -> list[Request]:
+        for seq in plan.seqs:
+            seq.request.num_computed_tokens += seq.num_new_tokens
+        finished = []
+        for request, token in zip(sampling, tokens):
+            request.output_token_ids.append(token)
+            request.token_times.append(now)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            reason = self._stop_reason(request, token)
+            if reason:
+                self._finish(request, reason, now)
+                finished.append(request)
+        return finished
+
+    def _stop_reason(self, request: Request, token: int) -> str | None:
+        p = request.params
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            return "stop"
+        if len(request.output_token_ids) >= p.max_new_tokens or request.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, request: Request, reason: str, now: float) -> None:
+        request.finish(reason, now)
+        self.scheduler.finish(request)
+        self.sampler.release(request.request_id)

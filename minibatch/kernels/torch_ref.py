@@ -1,0 +1,78 @@
+"""The readable reference for paged attention, in plain torch.
+
+For each sequence we gather its keys and values from the blocks its block table names into a
+padded contiguous tensor, then run ordinary masked attention. Gathering copies K/V (the Numba
+kernels avoid that copy by reading blocks in place), but every step is easy to follow.
+
+GQA without copying KV: the `group` query heads that share one KV head are folded into the
+query-length axis, so `(Tq, Hq, D)` becomes `(Hkv, group * Tq, D)` and attends to `(Hkv, L, D)`.
+Decode sequences (one query each) and prefill sequences (many) are attended as two groups, so a
+long prompt does not pad every decode row to its length.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
+    """Store new K/V: key, value (T, Hkv, D) into the flat slots of the (N, bs, Hkv, D) caches."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+
+
+def _plan(meta, seq_ids: np.ndarray, block_size: int, device) -> dict:
+    """Index tensors for attending a group of sequences; computed once per step, reused per layer."""
+    starts = meta.query_start_loc_np[seq_ids]
+    qlens = meta.query_start_loc_np[seq_ids + 1] - starts
+    ctx = meta.context_lens_np[seq_ids]
+    max_q, max_ctx = int(qlens.max()), int(ctx.max())
+    t = np.arange(max_q)
+    rows = starts[:, None] + np.minimum(t[None, :], qlens[:, None] - 1)            # (G, max_q) packed row of each padded query
+    q_pos = (ctx - qlens)[:, None] + t[None, :]                                    # (G, max_q) position of each query
+    k_pos = np.arange(max_ctx)                                                     # (L,)
+    blocks = meta.block_tables_np[seq_ids][:, np.minimum(k_pos // block_size, meta.block_tables_np.shape[1] - 1)]
+    slots = blocks * block_size + k_pos % block_size                               # (G, L) flat cache slot of each key
+    visible = k_pos[None, None, :] <= q_pos[:, :, None]                            # (G, max_q, L) causal within the sequence
+    valid_rows = t[None, :] < qlens[:, None]                                       # (G, max_q) padding rows are dropped
+    as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)
+    return {
+        "rows": as_tensor(rows),
+        "slots": as_tensor(slots),
+        "mask": as_tensor(visible)[:, None],                                       # (G, 1, max_q, L)
+        "out_rows": as_tensor(rows[valid_rows]),
+        "valid": as_tensor(valid_rows),
+    }
+
+
+def _attend_group(query, k_cache, v_cache, plan, scale, out) -> None:
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    num_seqs, max_q = plan["rows"].shape
+    group = query.shape[1] // num_kv_heads
+    q = query[plan["rows"]]                                                        # (G, max_q, Hq, D)
+    q = q.view(num_seqs, max_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    q = q.reshape(num_seqs, num_kv_heads, group * max_q, head_dim)                 # (G, Hkv, group*max_q, D)
+    k = k_cache.view(-1, num_kv_heads, head_dim)[plan["slots"]].transpose(1, 2)    # (G, Hkv, L, D)
+    v = v_cache.view(-1, num_kv_heads, head_dim)[plan["slots"]].transpose(1, 2)    # (G, Hkv, L, D)
+    mask = plan["mask"].repeat(1, 1, group, 1)                                     # (G, 1, group*max_q, L)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)       # (G, Hkv, group*max_q, D)
+    o = o.view(num_seqs, num_kv_heads, group, max_q, head_dim).permute(0, 3, 1, 2, 4)
+    o = o.reshape(num_seqs, max_q, num_kv_heads * group, head_dim)                 # (G, max_q, Hq, D)
+    out[plan["out_rows"]] = o[plan["valid"]].to(out.dtype)
+
+
+def attention(query, k_cache, v_cache, meta, scale):
+    """Causal attention of packed queries (T, Hq, D) over each sequence's cached K/V; returns (T, Hq, D)."""
+    out = torch.empty_like(query)
+    if query.shape[0] == 0:
+        return out
+    block_size = k_cache.shape[1]
+    if "torch_plans" not in meta.cache:
+        qlens = meta.query_lens_np
+        groups = [np.flatnonzero(qlens == 1), np.flatnonzero(qlens > 1)]
+        meta.cache["torch_plans"] = [_plan(meta, ids, block_size, query.device) for ids in groups if len(ids)]
+    for plan in meta.cache["torch_plans"]:
+        _attend_group(query, k_cache, v_cache, plan, scale, out)
+    return out

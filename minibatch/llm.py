@@ -1,0 +1,106 @@
+"""The `LLM` facade, shaped like vLLM's: `generate()` for a batch of prompts, `run()` for a workload.
+
+`generate` hands every prompt to the engine at once and steps until all are done. `run` serves a
+workload whose requests arrive over time: each is added when the clock reaches its arrival, and
+an engine with nothing to do sleeps until the next arrival or batching deadline.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from tqdm.auto import tqdm
+
+from minibatch.config import ConfigError, EngineConfig, SamplingParams
+from minibatch.engine import LLMEngine
+from minibatch.metrics import RequestMetrics, RunReport
+from minibatch.request import Request
+from minibatch.tokens import is_chat
+from minibatch.workload import WorkloadRequest
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: str | list | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    metrics: RequestMetrics
+
+
+class LLM:
+    """An engine with a friendly front: `LLM(EngineConfig(...))` or `LLM(model="tiny", ...)`."""
+
+    def __init__(self, config: EngineConfig | None = None, clock=None, **config_fields):
+        if config is not None and config_fields:
+            raise ConfigError("pass either an EngineConfig or its fields as keywords, not both")
+        self.config = config or EngineConfig(**config_fields)
+        self.engine = LLMEngine(self.config, clock=clock)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def _encode_all(self, prompts, sampling_params, field="prompts"):
+        if isinstance(prompts, str) or is_chat(prompts) or (
+                isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ConfigError(f"{field}={prompts!r} is not allowed: pass at least one prompt")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ConfigError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts: give one, or one per prompt")
+        ids = [self.engine.prompts.encode(p, field=f"{field}[{i}]") for i, p in enumerate(prompts)]
+        for i, p in zip(ids, params):
+            self.engine.check_request(i, p)
+        return prompts, ids, params
+
+    def _output(self, request: Request, prompt) -> RequestOutput:
+        return RequestOutput(request.request_id, prompt, request.prompt_token_ids, list(request.output_token_ids),
+                             self.engine.prompts.decode(request.output_token_ids), request.finish_reason,
+                             RequestMetrics.of(request))
+
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Serve every prompt, all arriving now; outputs come back in prompt order."""
+        prompts, ids, params = self._encode_all(prompts, sampling_params)
+        requests = [self.engine.add_request(i, p) for i, p in zip(ids, params)]
+        with tqdm(total=len(requests), desc="generate", unit="req", disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished():
+                finished = self.engine.step()
+                bar.update(len(finished or ()))
+        return [self._output(r, p) for r, p in zip(requests, prompts)]
+
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Like generate, for one chat (a list of messages) or a list of chats, using the chat template."""
+        chats = [messages] if is_chat(messages) else messages
+        return self.generate(list(chats), sampling_params, use_tqdm)
+
+    def run(self, workload: list[WorkloadRequest], use_tqdm: bool = True) -> RunReport:
+        """Serve requests arriving over time (arrival_s after the start) and report what happened."""
+        if not workload or not all(isinstance(w, WorkloadRequest) for w in workload):
+            raise ConfigError("workload is not allowed: pass a non-empty list of WorkloadRequest")
+        order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_s)
+        _, ids, params = self._encode_all([workload[i].prompt for i in order], [workload[i].params for i in order],
+                                          field="workload")
+        engine, clock = self.engine, self.engine.clock
+        first_step, start = len(engine.step_records), clock.now()
+        pending = deque((start + workload[i].arrival_s, i, p) for i, p in zip(order, zip(ids, params)))
+        requests: dict[int, Request] = {}
+        with tqdm(total=len(workload), desc=f"run ({self.config.scheduler})", unit="req", disable=not use_tqdm) as bar:
+            while pending or engine.has_unfinished():
+                while pending and pending[0][0] <= clock.now():
+                    arrival, index, (prompt_ids, p) = pending.popleft()
+                    requests[index] = engine.add_request(prompt_ids, p, arrival_time=arrival)
+                finished = engine.step()
+                if finished is None:
+                    wake = [t for t in (pending[0][0] if pending else None, engine.scheduler.wake_time()) if t is not None]
+                    if wake:
+                        clock.sleep_until(min(wake))
+                else:
+                    bar.update(len(finished))
+        metrics = [RequestMetrics.of(requests[i]) for i in range(len(workload))]
+        return RunReport(metrics, engine.step_records[first_step:], self.config.max_batch_size, start_time=start)

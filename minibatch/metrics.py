@@ -1,0 +1,98 @@
+"""What a run measured: a record per request, a record per step, and the summary of both.
+
+Latency names follow the serving literature and vLLM: queue time (arrival to first scheduled),
+TTFT (arrival to first output token), TPOT (mean time between output tokens after the first),
+e2e (arrival to finish). Slot utilisation is the share of `max_batch_size` slots that computed
+something, averaged over steps.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from minibatch.request import Request
+
+
+@dataclass
+class RequestMetrics:
+    request_id: int
+    arrival_time: float
+    queue_time: float | None     # seconds waiting before first scheduled
+    ttft: float | None           # time to first token
+    tpot: float | None           # mean time per output token after the first (None with one token)
+    e2e: float | None            # arrival to finish
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_preemptions: int
+    finish_reason: str | None
+
+    @classmethod
+    def of(cls, r: Request) -> "RequestMetrics":
+        since = lambda t: None if t is None else t - r.arrival_time
+        n = len(r.output_token_ids)
+        tpot = (r.token_times[-1] - r.token_times[0]) / (n - 1) if n > 1 else None
+        return cls(r.request_id, r.arrival_time, since(r.first_scheduled_time), since(r.first_token_time), tpot,
+                   since(r.finish_time), len(r.prompt_token_ids), n, r.num_preemptions, r.finish_reason)
+
+
+@dataclass
+class StepRecord:
+    step: int
+    start: float
+    end: float
+    batch_size: int                  # sequences that computed in this step
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    queue_depth: int                 # requests waiting after scheduling
+    kv_blocks_used: int
+    kv_blocks_total: int
+    idle_slots: int                  # slots of max_batch_size that computed nothing
+    num_preempted: int
+    slots: dict = field(default_factory=dict)  # slot -> (request id, "prefill" | "decode" | "held")
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+def percentile(values, q: float) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.percentile(values, q)) if values else None
+
+
+@dataclass
+class RunReport:
+    """Per-request and per-step records of one run, and their summary."""
+
+    requests: list[RequestMetrics]
+    steps: list[StepRecord]
+    max_batch_size: int
+    start_time: float = 0.0
+
+    @property
+    def duration(self) -> float:
+        ends = [r.arrival_time + r.e2e for r in self.requests if r.e2e is not None]
+        return max(ends, default=self.start_time) - self.start_time
+
+    def summary(self) -> dict:
+        done = [r for r in self.requests if r.e2e is not None]
+        duration = self.duration or float("nan")
+        out_tokens = sum(r.num_output_tokens for r in done)
+        s = {"requests": len(done), "output_tokens": out_tokens, "duration_s": duration,
+             "throughput_tok_s": out_tokens / duration, "requests_per_s": len(done) / duration}
+        for name in ("queue_time", "ttft", "tpot", "e2e"):
+            vals = [getattr(r, name) for r in done]
+            for q in (50, 90, 99):
+                s[f"p{q}_{name}_s"] = percentile(vals, q)
+            good = [v for v in vals if v is not None]
+            s[f"mean_{name}_s"] = float(np.mean(good)) if good else None
+        s["steps"] = len(self.steps)
+        s["mean_batch_size"] = float(np.mean([st.batch_size for st in self.steps])) if self.steps else 0.0
+        s["slot_utilisation"] = s["mean_batch_size"] / self.max_batch_size
+        s["preemptions"] = sum(r.num_preemptions for r in done)
+        return s
+
+    def to_dict(self) -> dict:
+        return {"summary": self.summary(), "requests": [asdict(r) for r in self.requests],
+                "steps": [asdict(s) for s in self.steps]}

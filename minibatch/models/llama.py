@@ -1,0 +1,87 @@
+"""The engine's own Llama forward pass over a packed (ragged, unpadded) batch.
+
+All sequences of a step are concatenated into one row of T tokens, whatever mix of prefill
+chunks and single decode tokens they are. Every layer is RMSNorm -> attention (rotary positions,
+grouped-query heads, reading and writing the paged KV cache) -> residual -> RMSNorm -> SwiGLU
+MLP -> residual. Only the rows that produce a token go through the LM head.
+
+Weights come from a Hugging Face checkpoint (transformers is the loader); the projections that
+read the same input are fused (q|k|v, gate|up) so a layer makes fewer, larger matrix products.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minibatch.models import LoadedModel, rope_theta
+
+
+def rms_norm(x, weight, eps):
+    """x (T, C) scaled to unit root-mean-square, computed in fp32 as Llama does."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaModel:
+    """Weights on the device and a forward pass over packed tokens."""
+
+    def __init__(self, loaded: LoadedModel, dtype: torch.dtype, device: torch.device, max_positions: int):
+        cfg = loaded.config
+        self.num_layers = cfg.num_hidden_layers
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps = cfg.rms_norm_eps
+        self.vocab_size = cfg.vocab_size
+        self.scale = self.head_dim ** -0.5
+        sd = loaded.state_dict
+        put = lambda t: t.to(device=device, dtype=dtype).contiguous()
+        self.embed = put(sd["model.embed_tokens.weight"])                  # (V, C)
+        self.lm_head = put(sd["lm_head.weight"])                            # (V, C), tied or not
+        self.final_norm = put(sd["model.norm.weight"])                      # (C,)
+        self.layers = []
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            attn = [sd[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")]
+            mlp = [sd[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")]
+            self.layers.append({
+                "attn_norm": put(sd[p + "input_layernorm.weight"]),          # (C,)
+                "qkv": put(torch.cat(attn)),                                # ((Hq + 2 Hkv) D, C)
+                "o": put(sd[p + "self_attn.o_proj.weight"]),                # (C, Hq D)
+                "mlp_norm": put(sd[p + "post_attention_layernorm.weight"]),  # (C,)
+                "gate_up": put(torch.cat(mlp)),                             # (2 I, C)
+                "down": put(sd[p + "mlp.down_proj.weight"]),                # (C, I)
+            })
+        # Rotary tables, computed in fp32 like transformers, then cast.
+        inv_freq = 1.0 / (rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # (P, D/2)
+        angles = torch.cat((freqs, freqs), dim=-1)                                       # (P, D)
+        self.cos = angles.cos().to(device=device, dtype=dtype)
+        self.sin = angles.sin().to(device=device, dtype=dtype)
+
+    def forward(self, input_ids, positions, slot_mapping, meta, kv_cache, backend, logits_rows):
+        """Run T packed tokens through the model; returns logits (S, V) for the S rows in logits_rows."""
+        T = input_ids.shape[0]
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        x = self.embed[input_ids]                                           # (T, C)
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (T, 1, D)
+        for layer, k_cache, v_cache in zip(self.layers, kv_cache.k, kv_cache.v):
+            h = rms_norm(x, layer["attn_norm"], self.eps)
+            q, k, v = F.linear(h, layer["qkv"]).split([H * D, Hkv * D, Hkv * D], dim=-1)
+            q, k, v = q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
+            q = q * cos + rotate_half(q) * sin                              # (T, H, D)
+            k = k * cos + rotate_half(k) * sin                              # (T, Hkv, D)
+            backend.write_kv(k, v, k_cache, v_cache, slot_mapping)
+            attn = backend.attention(q, k_cache, v_cache, meta, self.scale)  # (T, H, D)
+            x = x + F.linear(attn.reshape(T, H * D), layer["o"])
+            h = rms_norm(x, layer["mlp_norm"], self.eps)
+            gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)      # (T, I) each
+            x = x + F.linear(F.silu(gate) * up, layer["down"])
+        h = rms_norm(x[logits_rows], self.final_norm, self.eps)             # (S, C)
+        return F.linear(h, self.lm_head).float()                            # (S, V)

@@ -1,0 +1,47 @@
+"""The model runner: turns a step plan into packed tensors, runs the model, returns logits.
+
+For every scheduled sequence it lays out the new tokens' ids and positions end to end (no
+padding), the cache slot each new token is written to, and the attention metadata (where each
+sequence's queries start, how long its context is, its block table). It never decides who runs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from minibatch.kernels import AttentionMetadata
+from minibatch.kv import BlockManager, KVCache
+from minibatch.models.llama import LlamaModel
+from minibatch.schedulers import StepPlan
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, blocks: BlockManager, backend, device):
+        self.model, self.kv_cache, self.blocks, self.backend, self.device = model, kv_cache, blocks, backend, device
+
+    def prepare(self, plan: StepPlan):
+        """Packed inputs of a step: ids, positions, slots (T,), metadata, and the rows that sample."""
+        ids, positions, slots, query_lens, context_lens, tables, logits_rows = [], [], [], [], [], [], []
+        bs = self.blocks.block_size
+        for seq in plan.seqs:
+            r, start, n = seq.request, seq.start, seq.num_new_tokens
+            table = self.blocks.block_tables[r.request_id]
+            ids.extend(r.all_token_ids[start:start + n])
+            pos = np.arange(start, start + n)
+            positions.append(pos)
+            slots.append(np.asarray(table)[pos // bs] * bs + pos % bs)
+            query_lens.append(n)
+            context_lens.append(start + n)
+            tables.append(table)
+            if seq.samples:
+                logits_rows.append(len(ids) - 1)
+        to_device = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
+        meta = AttentionMetadata.build(query_lens, context_lens, tables, self.device)
+        return (to_device(ids), to_device(np.concatenate(positions)), to_device(np.concatenate(slots)),
+                meta, to_device(logits_rows))
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """Run one step; returns logits (S, V) for the sequences that sample, in plan order."""
+        input_ids, positions, slot_mapping, meta, logits_rows = self.prepare(plan)
+        return self.model.forward(input_ids, positions, slot_mapping, meta, self.kv_cache, self.backend, logits_rows)

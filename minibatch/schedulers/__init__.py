@@ -1,0 +1,15 @@
+"""Schedulers: static, continuous and edge batching, each turning the queue into a step plan."""
+from minibatch.schedulers.base import ScheduledSeq, Scheduler, StepPlan
+from minibatch.schedulers.continuous import ContinuousScheduler
+from minibatch.schedulers.edge import EdgeScheduler
+from minibatch.schedulers.static import StaticScheduler
+
+SCHEDULER_CLASSES = {"static": StaticScheduler, "continuous": ContinuousScheduler, "edge": EdgeScheduler}
+
+
+def make_scheduler(config, block_manager) -> Scheduler:
+    return SCHEDULER_CLASSES[config.scheduler](config, block_manager)
+
+
+__all__ = ["ScheduledSeq", "Scheduler", "StepPlan", "make_scheduler", "SCHEDULER_CLASSES",
+           "StaticScheduler", "ContinuousScheduler", "EdgeScheduler"]

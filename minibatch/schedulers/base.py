@@ -1,0 +1,100 @@
+"""What every scheduler shares: the queue, the running set, slots, and the step plan it returns.
+
+A scheduler turns the waiting queue and the running requests into a `StepPlan`: which requests
+compute how many tokens this step. It asks the block manager for KV blocks but never touches a
+tensor; the model runner never decides who runs. Static and continuous batching differ only
+here, so comparing them measures scheduling alone.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from minibatch.config import EngineConfig
+from minibatch.kv import BlockManager
+from minibatch.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledSeq:
+    """One request in a step: it computes num_new_tokens tokens starting at its num_computed_tokens."""
+
+    request: Request
+    num_new_tokens: int
+
+    @property
+    def start(self) -> int:
+        return self.request.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while the request is still (re)computing its prompt, False for a decode step."""
+        return self.num_new_tokens > 1 or self.start < len(self.request.prompt_token_ids)
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step reaches the end of the known tokens, so it produces the next one."""
+        return self.start + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class StepPlan:
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    held_slots: dict[int, int] = field(default_factory=dict)  # slot -> request id holding it without computing
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.seqs)
+
+
+class Scheduler:
+    """The queue, the running set and the slots they occupy; subclasses decide who runs."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.max_batch_size = config.max_batch_size
+        self.batch_timeout_s = config.batch_timeout_s
+        self.max_tokens_per_step = config.max_tokens_per_step
+        self.blocks = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.slot_of: dict[int, int] = {}            # request id -> slot index in [0, max_batch_size)
+        self._free_slots = list(range(config.max_batch_size))
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def batch_ready(self, now: float) -> bool:
+        """The batching-timeout rule: start when a full batch waits or the oldest has waited long enough."""
+        return len(self.waiting) >= self.max_batch_size or now - self.waiting[0].arrival_time >= self.batch_timeout_s
+
+    def wake_time(self) -> float | None:
+        """When an idle scheduler with waiting requests will start a batch, if nothing else arrives."""
+        return self.waiting[0].arrival_time + self.batch_timeout_s if self.waiting else None
+
+    def _take_slot(self, request: Request) -> None:
+        self._free_slots.sort()
+        self.slot_of[request.request_id] = self._free_slots.pop(0)
+
+    def _release_slot(self, request: Request) -> None:
+        self._free_slots.append(self.slot_of.pop(request.request_id))
+
+    def _admit(self, request: Request) -> None:
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+        self._take_slot(request)
+
+    def finish(self, request: Request) -> None:
+        """A request ended: free its KV blocks (its slot is released by the subclass rule)."""
+        self.blocks.free(request.request_id)
+
+    def abort(self, request: Request) -> None:
+        """Take a request out of the queue before it ends early; `finish` then frees the rest."""
+        if request in self.waiting:
+            self.waiting.remove(request)
+
+    def schedule(self, now: float) -> StepPlan:
+        raise NotImplementedError

@@ -1,0 +1,17 @@
+"""Edge mode: one user at a time, in arrival order, with no batching wait (latency first).
+
+This is continuous batching with a batch of one and no timeout: what an on-device assistant does,
+where there is one user and the hardware is a phone or a laptop.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from minibatch.config import EngineConfig
+from minibatch.kv import BlockManager
+from minibatch.schedulers.continuous import ContinuousScheduler
+
+
+class EdgeScheduler(ContinuousScheduler):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        super().__init__(replace(config, max_batch_size=1, batch_timeout_s=0.0), block_manager)
