@@ -6,6 +6,8 @@ fails before any work starts and never disturbs the requests already being serve
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from minibatch.clock import RealClock
@@ -104,16 +106,21 @@ class LLMEngine:
     def step(self) -> list[Request] | None:
         """One step; returns the requests that finished in it, or None if nothing could run."""
         start = self.clock.now()
+        t0 = time.perf_counter()
         plan = self.scheduler.schedule(start)
         if not plan.seqs:
             return None
         record = self._describe(plan, start)
         sampling = [s.request for s in plan.seqs if s.samples]
+        t1 = time.perf_counter()
         logits = self.runner.execute(plan)                                   # (S, V)
+        t2 = time.perf_counter()
         tokens = self.sampler.sample(logits, [r.request_id for r in sampling], [r.params for r in sampling])
+        t3 = time.perf_counter()
         end = self.clock.charge_step(plan, start)
         finished = self._update(plan, sampling, tokens, end)
         record.end = end
+        record.phase_times = {"schedule": t1 - t0, "model": t2 - t1, "sample": t3 - t2, "update": time.perf_counter() - t3}
         self.step_records.append(record)
         return finished
 
@@ -129,7 +136,8 @@ class LLMEngine:
             num_prefill_tokens=sum(s.num_new_tokens for s in plan.seqs if s.is_prefill),
             num_decode_tokens=sum(1 for s in plan.seqs if not s.is_prefill),
             queue_depth=len(self.scheduler.waiting), kv_blocks_used=self.blocks.num_used_blocks,
-            kv_blocks_total=self.blocks.num_blocks, idle_slots=self.config.max_batch_size - len(plan.seqs),
+            kv_blocks_total=self.blocks.num_blocks, kv_tokens_stored=sum(self.blocks.tokens_stored.values()),
+            idle_slots=self.config.max_batch_size - len(plan.seqs),
             num_preempted=len(plan.preempted), slots=slots)
 
     def _update(self, plan: StepPlan, sampling: list[Request], tokens: list[int], now: float) -> list[Request]:

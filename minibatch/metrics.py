@@ -49,7 +49,9 @@ class StepRecord:
     kv_blocks_total: int
     idle_slots: int                  # slots of max_batch_size that computed nothing
     num_preempted: int
+    kv_tokens_stored: int = 0        # tokens the running requests hold in the cache (the rest of the blocks is waste)
     slots: dict = field(default_factory=dict)  # slot -> (request id, "prefill" | "decode" | "held")
+    phase_times: dict = field(default_factory=dict)  # seconds per phase: schedule, prepare+forward, sample, update
 
     @property
     def duration(self) -> float:
