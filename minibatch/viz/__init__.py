@@ -1,0 +1,5 @@
+"""Pictures of a run, as pure functions that take records and return a matplotlib Figure.
+
+Nothing here runs the engine: every function draws what a `RunReport` (or another record)
+already holds, so the same figure can be drawn in a notebook, a widget or a test.
+"""
