@@ -16,6 +16,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_LAYOUTS = ("paged", "contiguous")
 ATTENTION_BACKENDS = ("torch", "numba", "numba-cuda")
 CLOCKS = ("real", "simulated")
+SPECULATIVE_METHODS = (None, "ngram", "draft", "layer_skip")
 
 
 class ConfigError(ValueError):
@@ -59,7 +60,17 @@ class EngineConfig:
     max_model_len: int | None = None     # longest prompt + output; None takes the model's context, capped at 4096
     attention_backend: str = "torch"     # "torch" (reference), "numba" (CPU kernels), "numba-cuda" (GPU kernels)
     clock: str = "real"                  # "real" wall-clock time; "simulated" time from a cost model
+    sim_profile: str = "smollm2-135m-cpu"  # clock="simulated": the cost model, a shipped profile name or a profile JSON path
+    sim_skip_model: bool = False         # clock="simulated": skip the model, emit placeholder tokens, run each request to max_new_tokens
     seed: int = 0                        # default seed for sampled requests that set none
+    profile_steps: bool = False          # time each step's phases and layer types (synchronising on CUDA); off keeps steps lean
+    cuda_graphs: bool = False            # replay decode steps from CUDA graphs captured per batch-size bucket (CUDA only; a no-op on CPU)
+    speculative_method: str | None = None  # speculative decoding: None (off), "ngram" (prompt lookup), "draft" (a smaller model), "layer_skip"
+    num_speculative_tokens: int = 4      # draft tokens k proposed, then verified in one forward pass of the model
+    speculative_model: str | None = None  # method "draft": the draft model (same tokenizer), a registry name or a folder
+    speculative_layers: int | None = None  # method "layer_skip": layers the draft runs before the LM head; None takes half
+    ngram_prompt_lookup_max: int = 4     # method "ngram": the longest suffix n-gram looked up in the prompt and output
+    ngram_prompt_lookup_min: int = 1     # method "ngram": the shortest one tried before giving up
 
     def __post_init__(self):
         owner = "EngineConfig"
@@ -80,7 +91,34 @@ class EngineConfig:
             _check_int(owner, "max_model_len", self.max_model_len, 2)
         _check_choice(owner, "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_choice(owner, "clock", self.clock, CLOCKS)
+        if not isinstance(self.sim_profile, str) or not self.sim_profile:
+            _fail(owner, "sim_profile", self.sim_profile, "a profile name (minibatch.costmodel.list_profiles()) or a JSON path")
+        if not isinstance(self.sim_skip_model, bool) or (self.sim_skip_model and self.clock != "simulated"):
+            _fail(owner, "sim_skip_model", self.sim_skip_model, "False, or True together with clock='simulated'")
         _check_int(owner, "seed", self.seed, 0)
+        self._check_speed_options(owner)
+
+    def _check_speed_options(self, owner: str):
+        """Profiling, CUDA graphs and speculative decoding: types, ranges and combinations."""
+        for name in ("profile_steps", "cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(owner, name, getattr(self, name), "True or False")
+        if self.profile_steps and self.cuda_graphs:
+            _fail(owner, "profile_steps", True, "False when cuda_graphs=True (a captured graph cannot be timed layer by layer)")
+        _check_choice(owner, "speculative_method", self.speculative_method, SPECULATIVE_METHODS)
+        _check_int(owner, "num_speculative_tokens", self.num_speculative_tokens, 1)
+        _check_int(owner, "ngram_prompt_lookup_min", self.ngram_prompt_lookup_min, 1)
+        _check_int(owner, "ngram_prompt_lookup_max", self.ngram_prompt_lookup_max, self.ngram_prompt_lookup_min)
+        if self.speculative_layers is not None:
+            _check_int(owner, "speculative_layers", self.speculative_layers, 1)
+        if (self.speculative_method == "draft") != (self.speculative_model is not None):
+            _fail(owner, "speculative_model", self.speculative_model,
+                  "a model name or folder exactly when speculative_method='draft', else None")
+        if self.speculative_method and self.scheduler == "static":
+            _fail(owner, "speculative_method", self.speculative_method,
+                  "None with scheduler='static'; speculative decoding runs with scheduler 'continuous' or 'edge'")
+        if self.sim_skip_model and (self.speculative_method or self.profile_steps):
+            _fail(owner, "sim_skip_model", True, "False when speculating or profiling: both need the real model")
 
 
 @dataclass

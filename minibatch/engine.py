@@ -10,7 +10,8 @@ import time
 
 import torch
 
-from minibatch.clock import RealClock
+from minibatch import sim
+from minibatch.clock import make_clock
 from minibatch.config import ConfigError, EngineConfig, SamplingParams
 from minibatch.kernels import get_backend
 from minibatch.kv import BlockManager, KVCache, blocks_for, kv_bytes_per_token
@@ -46,25 +47,28 @@ class LLMEngine:
         self.config = config
         self.device, self.dtype = resolve_device_dtype(config)
         self.backend = get_backend(config.attention_backend)
-        loaded = load_model(config.model, dtype=torch.float32)
+        skip_model = config.clock == "simulated" and config.sim_skip_model  # shapes and tokenizer only, no weights
+        loaded = sim.load_model_spec(config.model) if skip_model else load_model(config.model, dtype=torch.float32)
         context = loaded.config.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > context:
             raise ConfigError(f"EngineConfig.max_model_len={config.max_model_len} is not allowed: "
                               f"the model's context is {context} tokens")
         self.max_model_len = config.max_model_len or min(context, DEFAULT_MAX_MODEL_LEN)
-        self.model = LlamaModel(loaded, self.dtype, self.device, self.max_model_len)
+        self.model = (sim.ShapeOnlyModel if skip_model else LlamaModel)(loaded, self.dtype, self.device, self.max_model_len)
         self.prompts = PromptEncoder(loaded.tokenizer, self.model.vocab_size, self.max_model_len)
         self.eos_token_ids = set(loaded.eos_token_ids)
         per_token = kv_bytes_per_token(self.model.num_layers, self.model.num_kv_heads, self.model.head_dim, self.dtype)
         most_usable = blocks_for(self.max_model_len, config.block_size) * config.max_batch_size  # all slots full
         num_blocks = config.num_kv_blocks or max(1, min(most_usable, config.kv_cache_memory_bytes // (per_token * config.block_size)))
         self.kv_cache = KVCache(self.model.num_layers, num_blocks, config.block_size,
-                                self.model.num_kv_heads, self.model.head_dim, self.dtype, self.device)
+                                self.model.num_kv_heads, self.model.head_dim, self.dtype,
+                                torch.device("meta") if skip_model else self.device)  # meta: sizes, no memory
         self.blocks = BlockManager(num_blocks, config.block_size, config.kv_layout, self.max_model_len)
         self.scheduler = make_scheduler(config, self.blocks)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.blocks, self.backend, self.device)
-        self.sampler = Sampler(config.seed)
-        self.clock = clock or RealClock()
+        self.runner = sim.PlaceholderRunner() if skip_model else ModelRunner(
+            self.model, self.kv_cache, self.blocks, self.backend, self.device)
+        self.sampler = sim.PlaceholderSampler(self.eos_token_ids) if skip_model else Sampler(config.seed)
+        self.clock = clock or make_clock(config, loaded.config)
         self.requests: dict[int, Request] = {}
         self.step_records: list[StepRecord] = []
         self._next_id = 0

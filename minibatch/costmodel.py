@@ -1,0 +1,162 @@
+"""How long a step takes, without running it: the cost models behind the simulated clock.
+
+A step is described by its `StepShape`: how many prompt tokens it prefills, how many sequences
+decode one token, and how many cached keys its queries read. Two kinds of model turn a shape
+into seconds:
+
+- `LinearCostModel`, MEASURED: a fixed per-step overhead plus a cost per prefill token, per
+  decode sequence and per KV token read, fitted by least squares to real step times
+  (`minibatch.calibrate`). The shipped profile `smollm2-135m-cpu` was measured this way.
+- `RooflineCostModel`, MODELLED: for hardware you do not have (an H100-class GPU, a phone).
+  A step costs its overhead plus the longer of its compute time (FLOPs / peak FLOP/s) and its
+  memory time (bytes moved / bandwidth). No such machine was measured: these are estimates.
+
+Profiles are JSON files: the shipped ones live in `minibatch/profiles/` and are loaded by name
+(`load_profile("smollm2-135m-cpu")`); any other profile is loaded by its path.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from minibatch.config import ConfigError
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+COEFFICIENTS = ("overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_kv_token_s")
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step computes, in the units the cost models charge for."""
+
+    prefill_tokens: int = 0    # prompt tokens computed (whole prompts and chunks)
+    decode_seqs: int = 0       # sequences computing one new token each
+    kv_tokens_read: int = 0    # (query, key) pairs: every query row reads each cached key before it
+    context_tokens: int = 0    # tokens in the cache of the scheduled sequences after the step
+    sampled_rows: int = 0      # sequences that produce a token (they go through the LM head)
+
+    @classmethod
+    def of(cls, plan) -> "StepShape":
+        """The shape of a scheduler's StepPlan."""
+        prefill = decode = pairs = context = sampled = 0
+        for seq in plan.seqs:
+            q, ctx = seq.num_new_tokens, seq.start + seq.num_new_tokens
+            if seq.is_prefill:
+                prefill += q
+            else:
+                decode += 1
+            pairs += q * (ctx - q) + q * (q + 1) // 2   # row j of the q new rows sees ctx - q + j + 1 keys
+            context += ctx
+            sampled += seq.samples
+        return cls(prefill, decode, pairs, context, sampled)
+
+    def features(self) -> tuple[float, float, float, float]:
+        """The inputs of the linear model, in the order of COEFFICIENTS."""
+        return (1.0, float(self.prefill_tokens), float(self.decode_seqs), float(self.kv_tokens_read))
+
+
+class CostModel:
+    """Seconds a step takes; subclasses say how."""
+
+    kind = "?"
+
+    def step_time(self, shape: StepShape) -> float:
+        raise NotImplementedError
+
+    def plan_time(self, plan) -> float:
+        return self.step_time(StepShape.of(plan))
+
+
+@dataclass(frozen=True)
+class LinearCostModel(CostModel):
+    """overhead + prefill tokens x a + decode sequences x b + KV tokens read x c (fitted to measurements)."""
+
+    overhead_s: float             # per step, whatever it computes: scheduling, reading the weights, Python
+    per_prefill_token_s: float    # each prompt token through every layer
+    per_decode_seq_s: float       # each decoding sequence: its token through every layer and the LM head
+    per_kv_token_s: float         # each cached key a query row attends to
+    kind = "measured"
+
+    def step_time(self, shape: StepShape) -> float:
+        return sum(c * x for c, x in zip(self.coefficients(), shape.features()))
+
+    def coefficients(self) -> tuple[float, float, float, float]:
+        return (self.overhead_s, self.per_prefill_token_s, self.per_decode_seq_s, self.per_kv_token_s)
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """The numbers of a Llama-family model that set its FLOPs and bytes."""
+
+    body_params: int          # weights every token passes through (all layers)
+    lm_head_params: int       # vocab x hidden: only the rows that sample pass through it
+    attention_width: int      # layers x query heads x head_dim: FLOPs per (query, key) pair are 4x this
+    kv_values_per_token: int  # 2 (K and V) x layers x KV heads x head_dim
+
+    @classmethod
+    def of(cls, config) -> "ModelSize":
+        """From a Hugging Face Llama config."""
+        c, L, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+        hq, hkv = config.num_attention_heads, config.num_key_value_heads
+        d = getattr(config, "head_dim", None) or c // hq
+        per_layer = c * (hq + 2 * hkv) * d + hq * d * c + 3 * c * inter + 2 * c
+        return cls(L * per_layer + c, config.vocab_size * c, L * hq * d, 2 * L * hkv * d)
+
+
+@dataclass(frozen=True)
+class RooflineCostModel(CostModel):
+    """overhead + max(compute time, memory time): an estimate for hardware that was not measured."""
+
+    peak_flops: float          # FLOP/s the chip can do at this precision
+    memory_bandwidth: float    # bytes/s between memory and the chip
+    overhead_s: float          # per step: launching kernels, scheduling, Python (assumed, not measured)
+    bytes_per_value: int       # 2 for bfloat16/float16 weights and KV, 4 for float32
+    efficiency: float          # share of the peaks real kernels reach
+    size: ModelSize
+    kind = "roofline"
+
+    def step_time(self, shape: StepShape) -> float:
+        tokens = shape.prefill_tokens + shape.decode_seqs
+        flops = (2 * (self.size.body_params * tokens + self.size.lm_head_params * shape.sampled_rows)
+                 + 4 * self.size.attention_width * shape.kv_tokens_read)
+        moved = self.bytes_per_value * (self.size.body_params + self.size.lm_head_params   # every weight, once
+                                        + self.size.kv_values_per_token * (shape.context_tokens + tokens))
+        return self.overhead_s + max(flops / self.peak_flops, moved / self.memory_bandwidth) / self.efficiency
+
+
+def list_profiles() -> dict[str, str]:
+    """Shipped profile names and what each describes."""
+    return {p.stem: json.loads(p.read_text())["description"] for p in sorted(PROFILE_DIR.glob("*.json"))}
+
+
+def load_profile(name_or_path) -> dict:
+    """A profile (a dict) by shipped name or by path to a JSON file; ConfigError if there is none."""
+    path = Path(name_or_path)
+    if str(name_or_path) in list_profiles():
+        path = PROFILE_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        raise ConfigError(f"EngineConfig.sim_profile={str(name_or_path)!r} is not allowed: choose one of "
+                          f"{', '.join(map(repr, list_profiles()))} or the path of a profile JSON file")
+    profile = json.loads(path.read_text())
+    if profile.get("kind") not in ("measured", "roofline"):
+        raise ConfigError(f"{path}: field 'kind'={profile.get('kind')!r} is not allowed: 'measured' or 'roofline'")
+    return profile
+
+
+def save_profile(profile: dict, path) -> None:
+    Path(path).write_text(json.dumps(profile, indent=2) + "\n")
+
+
+def cost_model(profile, model_config=None) -> CostModel:
+    """The cost model a profile (a dict, a name or a path) describes. A roofline profile needs the
+    model's Hugging Face config, since it computes FLOPs and bytes from the model's shape."""
+    if not isinstance(profile, dict):
+        profile = load_profile(profile)
+    if profile["kind"] == "measured":
+        return LinearCostModel(**{k: float(profile["coefficients"][k]) for k in COEFFICIENTS})
+    if model_config is None:
+        raise ConfigError(f"profile {profile.get('name')!r} is a roofline model: pass the model's config")
+    hw = profile["hardware"]
+    return RooflineCostModel(float(hw["peak_flops"]), float(hw["memory_bandwidth"]), float(hw["overhead_s"]),
+                             int(hw["bytes_per_value"]), float(hw["efficiency"]), ModelSize.of(model_config))
