@@ -1,0 +1,153 @@
+"""Load a model by name: the transformers model that serves as the reference (`load_hf`), and the
+plain weights, config and tokenizer that the engine's own forward pass reads (`load_model`).
+
+Only the Llama architecture is supported (and Mistral without sliding-window attention, which is
+the same network): RMSNorm, rotary position embeddings without scaling, grouped-query attention,
+a SwiGLU MLP, no biases; embeddings tied or untied. Anything else is refused with a clear error
+before weights are read.
+"""
+
+import pathlib
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from minibatch.models.registry import KNOWN_MODELS, resolve
+from minibatch.models.smollm2 import prepare_default_model
+from minibatch.models.tiny import random_llama, smollm2_shaped_config, tiny_config, tiny_tokenizer
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+@dataclass
+class LoadedModel:
+    """Everything the engine needs to run a model; weights keep Hugging Face names."""
+
+    name: str
+    config: PretrainedConfig  # hidden_size, num_attention_heads, num_key_value_heads, head_dim, ...
+    state_dict: dict[str, torch.Tensor]  # includes lm_head.weight (the embedding itself when tied)
+    tokenizer: PreTrainedTokenizerBase | None  # None: the checkpoint has no tokenizer files
+    eos_token_ids: list[int]  # generation stops at any of these
+
+
+def rope_theta(config) -> float:
+    """The RoPE base of a config, wherever this transformers version keeps it.
+
+    transformers 5 keeps {"rope_type", "rope_theta", ...} in config.rope_parameters; 4.x kept
+    config.rope_theta and a separate config.rope_scaling. Only plain RoPE is supported.
+    """
+    params = getattr(config, "rope_parameters", None)
+    if params and "rope_theta" not in params:
+        raise ValueError(f"rope_parameters={params!r}: RoPE that differs per layer type is not supported")
+    if params:  # transformers 5
+        theta, kind = params["rope_theta"], params.get("rope_type", params.get("type", "default"))
+        partial = params.get("partial_rotary_factor", 1.0)
+    else:  # transformers 4
+        scaling = getattr(config, "rope_scaling", None) or {}
+        theta, kind = getattr(config, "rope_theta", None), scaling.get("rope_type", scaling.get("type", "default"))
+        partial = getattr(config, "partial_rotary_factor", 1.0)
+    if kind != "default":
+        raise ValueError(f"rope_type={kind!r} (scaled RoPE) is not supported; allowed: 'default' (plain RoPE)")
+    if partial not in (None, 1.0):
+        raise ValueError(f"partial_rotary_factor={partial!r} is not supported; allowed: 1.0 (RoPE on every dim)")
+    if theta is None:
+        raise ValueError("the model config has no rope_theta")
+    return float(theta)
+
+
+def check_supported(config: PretrainedConfig, name: str) -> None:
+    """Raise ValueError unless `config` describes a network the engine's Llama forward pass computes."""
+    kind = config.model_type
+    if kind not in ("llama", "mistral"):
+        raise ValueError(
+            f"model={name!r} has model_type={kind!r}; allowed: 'llama' (or 'mistral' without sliding window)"
+        )
+    if getattr(config, "sliding_window", None) is not None:
+        raise ValueError(f"model={name!r}: sliding_window={config.sliding_window} is not supported; allowed: None")
+    for field in ("attention_bias", "mlp_bias"):
+        if getattr(config, field, False):
+            raise ValueError(f"model={name!r}: {field}=True (weights with biases) is not supported; allowed: False")
+    if config.hidden_act != "silu":
+        raise ValueError(f"model={name!r}: hidden_act={config.hidden_act!r} is not supported; allowed: 'silu'")
+    rope_theta(config)
+    if getattr(config, "head_dim", None) is None:  # older configs leave it implicit
+        config.head_dim = config.hidden_size // config.num_attention_heads
+
+
+def load_hf(name: str, dtype: torch.dtype = torch.float32):
+    """The transformers model (eval mode) and tokenizer (None if the checkpoint has none) for `name`.
+
+    Its generation_config stops at the same eos_token_ids as LoadedModel, so generate() is a fair reference.
+    """
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(map(str, SUPPORTED_DTYPES))}")
+    source = resolve(name)
+    if source.kind != "builtin":  # a local folder or a hub id
+        model, tokenizer = _from_pretrained(source.ref, dtype, from_hub=source.kind == "hub")
+    elif source.ref == "smollm2-135m":
+        model, tokenizer = _from_pretrained(str(prepare_default_model()), dtype, from_hub=False)
+    elif source.ref == "tiny":
+        model, tokenizer = random_llama(tiny_config(), dtype=dtype), tiny_tokenizer()
+    else:  # smollm2-*-random: SmolLM2 shapes, random weights, the real SmolLM2 tokenizer
+        size = source.ref.removeprefix("smollm2-").removesuffix("-random")
+        model = random_llama(smollm2_shaped_config(size), dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(prepare_default_model())
+    eos = eos_token_ids(model, tokenizer)
+    model.generation_config.eos_token_id = eos
+    if model.generation_config.pad_token_id is None and eos:
+        model.generation_config.pad_token_id = eos[0]  # generate() would otherwise warn
+    return model.eval(), tokenizer
+
+
+def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Config, weights (Hugging Face names), tokenizer and stop tokens of `name`, for the engine."""
+    model, tokenizer = load_hf(name, dtype)
+    state_dict = model.state_dict()  # detached tensors that share the model's storage
+    _check_weight_names(state_dict, model.config, name)
+    return LoadedModel(str(name), model.config, dict(state_dict), tokenizer, eos_token_ids(model, tokenizer))
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer) -> list[int]:
+    """Stop tokens from the generation config and the tokenizer, deduplicated, in that order."""
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return list(dict.fromkeys(ids))
+
+
+def _from_pretrained(ref: str, dtype: torch.dtype, from_hub: bool):
+    try:
+        config = AutoConfig.from_pretrained(ref)
+    except OSError as err:
+        if not from_hub:
+            raise
+        raise OSError(
+            f"model={ref!r} could not be fetched from the Hugging Face hub (offline?): {err}\n"
+            f"Use one of {', '.join(KNOWN_MODELS)} or a local folder instead."
+        ) from err
+    check_supported(config, ref)
+    model = AutoModelForCausalLM.from_pretrained(ref, config=config, dtype=dtype)
+    if from_hub:
+        try:
+            return model, AutoTokenizer.from_pretrained(ref)
+        except OSError:  # the repository has no tokenizer files
+            return model, None
+    has_tokenizer = any((pathlib.Path(ref) / f).is_file() for f in TOKENIZER_FILES)
+    return model, AutoTokenizer.from_pretrained(ref) if has_tokenizer else None
+
+
+def _check_weight_names(state_dict: dict, config: PretrainedConfig, name: str) -> None:
+    expected = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+    for i in range(config.num_hidden_layers):
+        layer = f"model.layers.{i}."
+        expected |= {f"{layer}self_attn.{p}_proj.weight" for p in "qkvo"}
+        expected |= {f"{layer}mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+        expected |= {f"{layer}input_layernorm.weight", f"{layer}post_attention_layernorm.weight"}
+    missing, extra = sorted(expected - state_dict.keys()), sorted(state_dict.keys() - expected)
+    if missing or extra:
+        raise ValueError(f"model={name!r} has weights the Llama forward pass does not expect: "
+                         f"missing {missing[:5]}, unexpected {extra[:5]}")
