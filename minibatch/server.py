@@ -1,0 +1,195 @@
+"""`python -m minibatch serve`: the engine behind an OpenAI-compatible HTTP API.
+
+    python -m minibatch serve --model smollm2-135m --port 8000 --max-batch-size 16
+
+Every EngineConfig field is a flag (`--help` lists them). Then any OpenAI client talks to it:
+
+    curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+         -d '{"model": "smollm2-135m", "prompt": "The tide comes in", "max_tokens": 16}'
+
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+    client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}])
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (both with "stream": true for
+server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus, vLLM's names with a
+`minibatch:` prefix). The pieces live in `minibatch/serving/`: the wire format (protocol.py), the
+engine thread (engine_thread.py), the endpoints (app.py).
+
+On SIGTERM (or Ctrl-C) the server stops accepting connections, lets in-flight requests finish for
+up to --shutdown-timeout seconds, ends the rest with an error, and exits with status 0.
+`ServerProcess` starts a server in a child process on a free loopback port, for notebooks and tests.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from minibatch.config import ConfigError, EngineConfig
+from minibatch.engine import LLMEngine
+from minibatch.monitoring import engine_metrics
+from minibatch.serving.app import OpenAIServer, build_app
+from minibatch.serving.body_limit import BodyLimit
+from minibatch.serving.flags import add_engine_arguments, engine_config_from_args
+
+MAX_WAITING = 128                  # queued requests before new ones get 429
+MAX_BODY_BYTES = 1 << 20           # 1 MiB: far more than a prompt of max_model_len tokens needs
+SHUTDOWN_TIMEOUT_S = 30.0          # on SIGTERM, how long in-flight requests may still run
+
+
+def build_server(config: EngineConfig, model_name: str | None = None, max_waiting: int = MAX_WAITING,
+                 max_body_bytes: int = MAX_BODY_BYTES, shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S):
+    """The ASGI app serving `config`'s model (the engine thread starts with the app)."""
+    if config.clock != "real":
+        raise ConfigError(f"EngineConfig.clock={config.clock!r} is not allowed for a server: it serves in real time, use 'real'")
+    engine = LLMEngine(config)
+    metrics = engine_metrics(engine)    # made before the first step, so it counts every one
+    server = OpenAIServer(engine, model_name or config.model, max_waiting, shutdown_timeout_s,
+                          on_abort=metrics.observe_finished)
+    return BodyLimit(build_app(server, metrics.exposition), max_body_bytes)
+
+
+class Uvicorn(uvicorn.Server):
+    """uvicorn, plus: the moment shutdown begins, the engine starts draining (see EngineThread.stop)."""
+
+    async def shutdown(self, sockets=None):
+        server = self.config.app.state.server
+        server.worker.stop(server.shutdown_grace_s)
+        await super().shutdown(sockets)
+
+
+def add_arguments(parser) -> None:
+    add_engine_arguments(parser)
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    group.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    group.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: --model)")
+    group.add_argument("--max-waiting", type=int, default=MAX_WAITING,
+                       help=f"queued requests beyond which new ones get 429 (default: {MAX_WAITING})")
+    group.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                       help=f"largest request body accepted, else 413 (default: {MAX_BODY_BYTES})")
+    group.add_argument("--shutdown-timeout", type=float, default=SHUTDOWN_TIMEOUT_S,
+                       help=f"seconds in-flight requests may run after SIGTERM (default: {SHUTDOWN_TIMEOUT_S})")
+    group.add_argument("--log-level", default="warning", help="uvicorn's log level (default: warning)")
+
+
+def main(args) -> int:
+    for name in ("max_waiting", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            print(f"--{name.replace('_', '-')}={getattr(args, name)} is not allowed: an integer >= 1", file=sys.stderr)
+            return 2
+    try:
+        app = build_server(engine_config_from_args(args), args.served_model_name, args.max_waiting,
+                           args.max_body_bytes, max(0.0, args.shutdown_timeout))
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    server = Uvicorn(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    # uvicorn re-raises the signal that stopped it once it is done; by then shutdown was graceful,
+    # so that signal should end the process with status 0, not kill it
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    print(f"serving {app.state.server.model_name} on http://{args.host}:{args.port}/v1", flush=True)
+    server.run()
+    return 0
+
+
+class ServerThread:
+    """A server in a thread of this process, for tests and for looking at the engine while it serves.
+
+        with ServerThread(EngineConfig(model="tiny")) as server:
+            server.engine.blocks.num_free_blocks; httpx.get(server.url + "/health")
+    """
+
+    def __init__(self, config: EngineConfig, host: str = "127.0.0.1", port: int | None = None, **options):
+        self.app = build_server(config, **options)
+        self.engine = self.app.state.server.engine
+        self.url = f"http://{host}:{port or free_port(host)}"
+        self.server = Uvicorn(uvicorn.Config(self.app, host=host, port=int(self.url.rsplit(":", 1)[1]), log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError(f"the server did not start on {self.url}")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """What SIGTERM does: stop accepting, drain for shutdown_timeout_s, end."""
+        self.server.should_exit = True
+        self.thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m minibatch serve <flags>` in a child process on a free loopback port.
+
+        with ServerProcess("--model", "tiny") as server:
+            httpx.get(server.url + "/health")
+    """
+
+    def __init__(self, *flags: str, host: str = "127.0.0.1", port: int | None = None, ready_timeout_s: float = 300):
+        self.port = port or free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="minibatch-serve-", suffix=".log")
+        command = [sys.executable, "-m", "minibatch", "serve", "--host", host, "--port", str(self.port), *flags]
+        here = str(Path(__file__).resolve().parent.parent)    # run this very minibatch, installed or not
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.wait_ready(ready_timeout_s)
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with status {self.process.returncode}:\n{self.output()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the server did not become healthy in {timeout_s} s:\n{self.output()[-3000:]}")
+
+    def stop(self, timeout_s: float = 60) -> int:
+        """SIGTERM, then wait for a graceful exit (kill after timeout_s); returns the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        self.log.close()

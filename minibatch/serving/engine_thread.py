@@ -1,0 +1,176 @@
+"""The engine's own thread, and the thread-safe door the HTTP side talks to it through.
+
+The asyncio event loop handles HTTP; the engine's step loop runs in a thread of its own, so no
+request handler ever waits for a step and no step waits for a handler. They meet in two places:
+- an inbox (a list under a lock) of commands for the engine thread: add this job, abort that one.
+  The thread takes the whole inbox between steps; when it has no work it sleeps on a condition
+  variable that `submit` and `abort` notify.
+- each job's asyncio queue of `Update`s, filled from the engine thread with
+  `loop.call_soon_threadsafe` after every step in which the job's request produced tokens.
+Only the engine thread touches the `LLMEngine`; the HTTP side only reads counts from it.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import traceback
+from dataclasses import dataclass
+
+from minibatch.config import SamplingParams
+from minibatch.engine import LLMEngine
+from minibatch.serving.protocol import APIError
+from minibatch.serving.text import TextStream
+
+KEEP_STEP_RECORDS = 10_000       # the engine's per-step records a long-running server keeps
+
+
+@dataclass
+class Update:
+    text: str                       # new output text since the last update
+    num_tokens: int                 # output tokens so far
+    finish_reason: str | None = None  # "stop" or "length" on the last update
+    error: str | None = None        # set instead when the server ended the request (shutdown)
+
+
+class Job:
+    """One HTTP request's handle on its engine request."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, stop: list[str], loop):
+        self.prompt_ids, self.params, self.loop = prompt_ids, params, loop
+        self.text = TextStream(stop)
+        self.updates: asyncio.Queue[Update] = asyncio.Queue()
+        self.request = None          # the engine's Request, once the engine thread has added it
+        self.seen = 0                # output tokens already turned into updates
+        self.done = False            # set on the event loop when the last update was read
+
+    def push(self, update: Update) -> None:
+        """From the engine thread: hand an update to the job's reader on the event loop."""
+        self.loop.call_soon_threadsafe(self.updates.put_nowait, update)
+
+
+class EngineThread:
+    def __init__(self, engine: LLMEngine, max_waiting: int, on_abort=None):
+        self.engine = engine
+        self.max_waiting = max_waiting          # queued requests beyond which new ones get 429
+        self.on_abort = on_abort or (lambda request: None)  # told of requests ended between steps (monitoring)
+        self._cond = threading.Condition()
+        self._inbox: list[tuple[str, Job]] = []
+        self._active: dict[int, Job] = {}       # engine request id -> job, while it runs
+        self._deadline: float | None = None     # engine-clock time after which in-flight requests are errored
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+
+    # ---- called from the event loop -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests accepted but not yet running: the inbox and the scheduler's queue."""
+        return sum(kind == "add" for kind, _ in self._inbox) + len(self.engine.scheduler.waiting)
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._stopping:
+                raise APIError(503, "the server is shutting down", "server_error", code="shutting_down")
+            if self.num_waiting >= self.max_waiting:
+                raise APIError(429, f"the queue is full ({self.max_waiting} requests waiting, the server's "
+                               "--max-waiting); retry later", "rate_limit_error", code="queue_full",
+                               headers={"Retry-After": "1"})
+            self._inbox.append(("add", job))
+            self._cond.notify()
+
+    def abort(self, job: Job) -> None:
+        with self._cond:
+            self._inbox.append(("abort", job))
+            self._cond.notify()
+
+    def stop(self, grace_s: float) -> None:
+        """Refuse new requests, let in-flight ones run for grace_s seconds, then error the rest and end."""
+        with self._cond:
+            self._stopping = True
+            self._deadline = self.engine.clock.now() + grace_s
+            self._cond.notify()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    # ---- the engine thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as error:          # a bug in a step: fail every request loudly, never hang them
+            traceback.print_exc()
+            with self._cond:
+                self._stopping = True
+                jobs = [job for _, job in self._inbox] + list(self._active.values())
+            for job in jobs:
+                job.push(Update("", job.seen, error=f"the engine failed: {error!r}"))
+
+    def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            with self._cond:
+                while not (self._inbox or engine.has_unfinished() or self._stopping):
+                    self._cond.wait()       # idle: sleep until submit / abort / stop
+                commands, self._inbox = self._inbox, []
+            for kind, job in commands:
+                self._add(job) if kind == "add" else self._abort(job, None)
+            if self._deadline is not None and engine.clock.now() >= self._deadline:
+                for job in list(self._active.values()):
+                    self._abort(job, "the server shut down before this request finished")
+            if self._stopping and not engine.has_unfinished():
+                return
+            if engine.step() is None:       # work waits for the batching timeout: sleep until then
+                wake = [t for t in (engine.scheduler.wake_time(), self._deadline) if t is not None]
+                with self._cond:
+                    if not self._inbox:
+                        self._cond.wait(max(0.0, min(wake) - engine.clock.now()) if wake else 0.01)
+            else:
+                self._publish()
+                if len(engine.step_records) > 2 * KEEP_STEP_RECORDS:   # a server runs for days: keep the recent ones
+                    del engine.step_records[:-KEEP_STEP_RECORDS]
+
+    def _add(self, job: Job) -> None:
+        job.request = self.engine.add_request(job.prompt_ids, job.params)
+        self._active[job.request.request_id] = job
+
+    def _abort(self, job: Job, error: str | None) -> None:
+        if job.request is None or self._active.pop(job.request.request_id, None) is None:
+            return                          # never added, or already over
+        self._end_early(job.request, "abort")
+        self.engine.requests.pop(job.request.request_id, None)
+        if error:
+            job.push(Update("", len(job.request.output_token_ids), error=error))
+
+    def _end_early(self, request, reason: str) -> None:
+        """Finish a request between steps: "abort" (client gone, shutdown) or "stop" (a stop string)."""
+        self.engine.abort(request)
+        request.finish_reason = reason
+        self.on_abort(request)
+
+    def _publish(self) -> None:
+        """Send every job whose request moved this step its new text; retire finished ones."""
+        decode = self.engine.prompts.decode
+        for rid, job in list(self._active.items()):
+            request = job.request
+            n = len(request.output_token_ids)
+            if n == job.seen and not request.is_finished:
+                continue
+            job.seen = n
+            ids = request.output_token_ids
+            if request.finish_reason == "stop":   # EOS or a stop token: its text is not part of the output
+                ids = ids[:-1]
+            delta, stopped = job.text.update(decode(ids), request.is_finished)
+            if stopped and not request.is_finished:
+                self._end_early(request, "stop")   # a stop string: end it now, its blocks go back
+            if request.is_finished:
+                job.push(Update(delta, n, finish_reason="stop" if stopped else request.finish_reason))
+                del self._active[rid]
+                self.engine.requests.pop(rid, None)
+            elif delta:
+                job.push(Update(delta, n))
