@@ -1,18 +1,35 @@
-"""Workloads: requests that arrive over time, and their JSONL trace format.
+"""Workloads: requests that arrive over time, how to draw them, and their JSONL trace format.
 
 A workload is a list of `WorkloadRequest`s, each an arrival time in seconds from the start of
 the run, a prompt (text, token ids or a chat) and its sampling parameters. On disk it is JSON
 Lines, one request per line, with the sampling fields flattened:
 
     {"arrival_s": 0.25, "prompt": "Tell me about tides.", "max_new_tokens": 64, "temperature": 0.0}
+
+`make_workload` draws one from an arrival process and length distributions
+(`minibatch.distributions`) with a seed, using the prompt texts shipped with the package:
+
+    make_workload(200, Poisson(rate=4.0), output_len=LogNormal(median=32, sigma=0.6, cap=256), seed=0)
+
+`ClosedLoop(users, think_s)` serves a workload as N users who each send a request, wait for the
+answer, think, and send the next: the load then follows the server's speed.
 """
 from __future__ import annotations
 
+import heapq
 import json
+from collections import deque
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import numpy as np
+from tqdm.auto import tqdm
+
 from minibatch.config import ConfigError, SamplingParams
+from minibatch.distributions import (AllAtOnce, Bursts, Empirical, Exponential, Fixed, LogNormal,  # noqa: F401
+                                     Poisson, Uniform)
+
+PROMPTS_FILE = Path(__file__).resolve().parent / "prompts" / "prompts.json"
 
 _PARAM_FIELDS = {f.name for f in fields(SamplingParams)}
 
@@ -64,3 +81,88 @@ def load_workload(path) -> list[WorkloadRequest]:
         except (json.JSONDecodeError, ConfigError, TypeError) as error:
             raise ConfigError(f"{path}, line {number}: {error}") from None
     return workload
+
+
+def load_prompts(kind: str | None = None) -> list[str]:
+    """The prompt texts shipped with the package (questions, code, long passages, ...), or those of one kind."""
+    entries = json.loads(PROMPTS_FILE.read_text())
+    kinds = sorted({e["kind"] for e in entries})
+    if kind is not None and kind not in kinds:
+        raise ConfigError(f"kind={kind!r} is not allowed: choose one of {', '.join(map(repr, kinds))} or None")
+    return [e["text"] for e in entries if kind in (None, e["kind"])]
+
+
+def make_workload(num_requests: int, arrival=AllAtOnce(), output_len=Fixed(32), prompt_len=None, prompts=None,
+                  tokenizer=None, as_chat: bool = False, ignore_eos: bool = True, temperature: float = 0.0,
+                  seed: int = 0) -> list[WorkloadRequest]:
+    """Draw a workload. Prompts are the shipped texts (or `prompts`) in a seeded random order; with
+    `prompt_len` (a length distribution) each becomes exactly that many token ids of the texts, cut
+    with `tokenizer`. `ignore_eos=True` (the default) makes every request produce its drawn output length."""
+    if isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1:
+        raise ConfigError(f"num_requests={num_requests!r} is not allowed: an integer >= 1")
+    if not hasattr(arrival, "times"):
+        raise ConfigError(f"arrival={arrival!r} is not allowed: use AllAtOnce(), Poisson(rate) or Bursts(size, "
+                          "every_s); serve a closed loop with ClosedLoop(users, think_s).run(llm, workload)")
+    texts = list(prompts) if prompts is not None else load_prompts()
+    if not texts or not all(isinstance(t, str) and t for t in texts):
+        raise ConfigError("prompts is not allowed: give a non-empty list of non-empty strings")
+    if prompt_len is not None and tokenizer is None:
+        raise ConfigError("prompt_len needs tokenizer=... (e.g. llm.tokenizer) to cut prompts to exact token counts")
+    rng_arrival, rng_prompt, rng_in, rng_out = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
+    times = arrival.times(rng_arrival, num_requests)
+    order = rng_prompt.permutation(num_requests) % len(texts)
+    outputs = output_len.sample(rng_out, num_requests)
+    chosen = [texts[i] for i in order]
+    if prompt_len is not None:
+        stream = tokenizer.encode("\n\n".join(texts[i] for i in rng_prompt.permutation(len(texts))), add_special_tokens=False)
+        lengths = prompt_len.sample(rng_in, num_requests)
+        starts = rng_prompt.integers(0, len(stream), size=num_requests)
+        chosen = [[stream[(s + j) % len(stream)] for j in range(n)] for s, n in zip(starts, lengths)]
+    elif as_chat:
+        chosen = [[{"role": "user", "content": t}] for t in chosen]
+    return [WorkloadRequest(float(t), p, SamplingParams(max_new_tokens=int(n), ignore_eos=ignore_eos, temperature=temperature))
+            for t, p, n in zip(times, chosen, outputs)]
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """N users, each sending a request, waiting for its answer, then thinking before the next one."""
+
+    users: int           # concurrent users
+    think_s: float = 0.0  # mean think time in seconds (exponentially distributed); 0 asks again at once
+    seed: int = 0        # seed of the think times
+
+    def __post_init__(self):
+        if isinstance(self.users, bool) or not isinstance(self.users, int) or self.users < 1:
+            raise ConfigError(f"ClosedLoop.users={self.users!r} is not allowed: an integer >= 1")
+        if isinstance(self.think_s, bool) or not isinstance(self.think_s, (int, float)) or not self.think_s >= 0:
+            raise ConfigError(f"ClosedLoop.think_s={self.think_s!r} is not allowed: a number >= 0")
+
+    def run(self, llm, workload: list[WorkloadRequest], use_tqdm: bool = True):
+        """Serve the workload's requests in order (their arrival_s is ignored) and return the RunReport."""
+        from minibatch.metrics import RequestMetrics, RunReport
+
+        _, ids, params = llm._encode_all([w.prompt for w in workload], [w.params for w in workload], field="workload")
+        engine, clock, rng = llm.engine, llm.engine.clock, np.random.default_rng(self.seed)
+        first_step, start = len(engine.step_records), clock.now()
+        todo, owner, requests = deque(range(len(workload))), {}, {}
+        ready = [(start, user) for user in range(self.users)]      # heap: (when the user asks next, user)
+        with tqdm(total=len(workload), desc=f"closed loop ({self.users} users)", unit="req", disable=not use_tqdm) as bar:
+            while todo or engine.has_unfinished():
+                while todo and ready and ready[0][0] <= clock.now():
+                    when, user = heapq.heappop(ready)
+                    i = todo.popleft()
+                    requests[i] = engine.add_request(ids[i], params[i], arrival_time=when)
+                    owner[requests[i].request_id] = user
+                finished = engine.step()
+                if finished is None:
+                    wake = [t for t in (ready[0][0] if todo and ready else None, engine.scheduler.wake_time()) if t is not None]
+                    if wake:
+                        clock.sleep_until(min(wake))
+                    continue
+                for r in finished:
+                    think = rng.exponential(self.think_s) if self.think_s > 0 else 0.0
+                    heapq.heappush(ready, (r.finish_time + think, owner[r.request_id]))
+                bar.update(len(finished))
+        metrics = [RequestMetrics.of(requests[i]) for i in range(len(workload))]
+        return RunReport(metrics, engine.step_records[first_step:], llm.config.max_batch_size, start_time=start)
