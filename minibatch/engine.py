@@ -71,6 +71,7 @@ class LLMEngine:
         self.clock = clock or make_clock(config, loaded.config)
         self.requests: dict[int, Request] = {}
         self.step_records: list[StepRecord] = []
+        self.step_observers: list = []   # callables f(record, finished) run after every step (monitoring, dashboards)
         self._next_id = 0
 
     @property
@@ -126,6 +127,8 @@ class LLMEngine:
         record.end = end
         record.phase_times = {"schedule": t1 - t0, "model": t2 - t1, "sample": t3 - t2, "update": time.perf_counter() - t3}
         self.step_records.append(record)
+        for observe in self.step_observers:
+            observe(record, finished)
         return finished
 
     def _describe(self, plan: StepPlan, start: float) -> StepRecord:

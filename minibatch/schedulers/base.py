@@ -69,7 +69,9 @@ class Scheduler:
 
     def batch_ready(self, now: float) -> bool:
         """The batching-timeout rule: start when a full batch waits or the oldest has waited long enough."""
-        return len(self.waiting) >= self.max_batch_size or now - self.waiting[0].arrival_time >= self.batch_timeout_s
+        # the deadline is computed exactly as wake_time() computes it: (a + t) - a can round below t,
+        # and a simulated clock that jumps to the deadline must then find the batch ready
+        return len(self.waiting) >= self.max_batch_size or now >= self.waiting[0].arrival_time + self.batch_timeout_s
 
     def wake_time(self) -> float | None:
         """When an idle scheduler with waiting requests will start a batch, if nothing else arrives."""

@@ -3,3 +3,5 @@
 Nothing here runs the engine: every function draws what a `RunReport` (or another record)
 already holds, so the same figure can be drawn in a notebook, a widget or a test.
 """
+from minibatch.viz.latency import latency_cdf, pareto_rows, sla_map, throughput_latency
+from minibatch.viz.load import load_over_time, step_series
