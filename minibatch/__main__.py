@@ -15,6 +15,8 @@ COMMANDS = {
     "bench": ("minibatch.bench", "minibatch against its peers on the same model, workload and machine"),
     "serve": ("minibatch.server", "an OpenAI-compatible HTTP server"),
     "loadtest": ("minibatch.loadtest", "replay a workload against any OpenAI-compatible server"),
+    "profile": ("minibatch.profiler", "where a decode step's time goes, part by part, at a few batch sizes"),
+    "speculate": ("minibatch.speculative_bench", "one user's tokens/s with and without each speculative proposer"),
 }
 
 

@@ -117,8 +117,8 @@ class EngineConfig:
         if self.speculative_method and self.scheduler == "static":
             _fail(owner, "speculative_method", self.speculative_method,
                   "None with scheduler='static'; speculative decoding runs with scheduler 'continuous' or 'edge'")
-        if self.sim_skip_model and (self.speculative_method or self.profile_steps):
-            _fail(owner, "sim_skip_model", True, "False when speculating or profiling: both need the real model")
+        if self.sim_skip_model and (self.speculative_method or self.profile_steps or self.cuda_graphs):
+            _fail(owner, "sim_skip_model", True, "False with speculative decoding, profile_steps or cuda_graphs: they need the real model")
 
 
 @dataclass

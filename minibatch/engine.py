@@ -13,15 +13,18 @@ import torch
 from minibatch import sim
 from minibatch.clock import make_clock
 from minibatch.config import ConfigError, EngineConfig, SamplingParams
+from minibatch.cuda_graphs import with_cuda_graphs
 from minibatch.kernels import get_backend
 from minibatch.kv import BlockManager, KVCache, blocks_for, kv_bytes_per_token
 from minibatch.metrics import StepRecord
 from minibatch.models import load_model
 from minibatch.models.llama import LlamaModel
+from minibatch.profiler import StepProfiler
 from minibatch.request import Request
 from minibatch.runner import ModelRunner
 from minibatch.sampling import Sampler
 from minibatch.schedulers import StepPlan, make_scheduler
+from minibatch.speculative import make_speculator
 from minibatch.tokens import PromptEncoder
 
 DEFAULT_MAX_MODEL_LEN = 4096   # cap on the model's own context, so the default KV budget holds several sequences
@@ -69,6 +72,12 @@ class LLMEngine:
             self.model, self.kv_cache, self.blocks, self.backend, self.device)
         self.sampler = sim.PlaceholderSampler(self.eos_token_ids) if skip_model else Sampler(config.seed)
         self.clock = clock or make_clock(config, loaded.config)
+        if config.cuda_graphs:
+            self.runner = with_cuda_graphs(self.runner, config.max_batch_size, self.max_model_len)
+        self.speculator = make_speculator(self)                             # None unless speculative_method is set
+        self.profiler = StepProfiler(self.device) if config.profile_steps else None
+        if self.profiler:
+            self.profiler.instrument(self.model, self.runner)
         self.requests: dict[int, Request] = {}
         self.step_records: list[StepRecord] = []
         self.step_observers: list = []   # callables f(record, finished) run after every step (monitoring, dashboards)
@@ -118,14 +127,27 @@ class LLMEngine:
         record = self._describe(plan, start)
         sampling = [s.request for s in plan.seqs if s.samples]
         t1 = time.perf_counter()
-        logits = self.runner.execute(plan)                                   # (S, V)
+        if self.speculator:
+            self.speculator.propose(plan)                                    # draft tokens for the decoding seqs
+            if self.profiler:
+                self.profiler.collect()                                      # a layer-skip draft's layers count as propose
         t2 = time.perf_counter()
-        tokens = self.sampler.sample(logits, [r.request_id for r in sampling], [r.params for r in sampling])
+        logits = self.runner.execute(plan)                                   # (S, V), plus a row per draft token
         t3 = time.perf_counter()
+        if self.speculator:
+            outputs, record.spec_outcomes = self.speculator.verify(logits, plan)  # 1 to k + 1 tokens each
+        else:
+            outputs = [[t] for t in self.sampler.sample(logits, [r.request_id for r in sampling],
+                                                        [r.params for r in sampling])]
+        t4 = time.perf_counter()
         end = self.clock.charge_step(plan, start)
-        finished = self._update(plan, sampling, tokens, end)
+        finished = self._update(plan, sampling, outputs, end)
         record.end = end
-        record.phase_times = {"schedule": t1 - t0, "model": t2 - t1, "sample": t3 - t2, "update": time.perf_counter() - t3}
+        record.phase_times = {"schedule": t1 - t0, "model": t3 - t2, "sample": t4 - t3, "update": time.perf_counter() - t4}
+        if self.speculator:
+            record.phase_times["propose"] = t2 - t1
+        if self.profiler:
+            record.phase_times.update(self.profiler.collect())
         self.step_records.append(record)
         for observe in self.step_observers:
             observe(record, finished)
@@ -147,19 +169,24 @@ class LLMEngine:
             idle_slots=self.config.max_batch_size - len(plan.seqs),
             num_preempted=len(plan.preempted), slots=slots)
 
-    def _update(self, plan: StepPlan, sampling: list[Request], tokens: list[int], now: float) -> list[Request]:
+    def _update(self, plan: StepPlan, sampling: list[Request], outputs: list[list[int]], now: float) -> list[Request]:
         for seq in plan.seqs:
             seq.request.num_computed_tokens += seq.num_new_tokens
         finished = []
-        for request, token in zip(sampling, tokens):
-            request.output_token_ids.append(token)
-            request.token_times.append(now)
-            if request.first_token_time is None:
-                request.first_token_time = now
-            reason = self._stop_reason(request, token)
-            if reason:
-                self._finish(request, reason, now)
-                finished.append(request)
+        for request, tokens in zip(sampling, outputs):
+            request.num_computed_tokens += len(tokens) - 1                   # accepted draft tokens are cached too
+            for token in tokens:
+                request.output_token_ids.append(token)
+                request.token_times.append(now)
+                if request.first_token_time is None:
+                    request.first_token_time = now
+                reason = self._stop_reason(request, token)
+                if reason:
+                    self._finish(request, reason, now)
+                    finished.append(request)
+                    break
+        if self.speculator:
+            self.speculator.rewind(plan)                                     # release the rejected drafts' slots
         return finished
 
     def _stop_reason(self, request: Request, token: int) -> str | None:
@@ -174,3 +201,5 @@ class LLMEngine:
         request.finish(reason, now)
         self.scheduler.finish(request)
         self.sampler.release(request.request_id)
+        if self.speculator:
+            self.speculator.release(request.request_id)

@@ -52,6 +52,7 @@ class StepRecord:
     kv_tokens_stored: int = 0        # tokens the running requests hold in the cache (the rest of the blocks is waste)
     slots: dict = field(default_factory=dict)  # slot -> (request id, "prefill" | "decode" | "held")
     phase_times: dict = field(default_factory=dict)  # seconds per phase: schedule, prepare+forward, sample, update
+    spec_outcomes: list = field(default_factory=list)  # speculative decoding: (drafted, accepted) per sequence with drafts
 
     @property
     def duration(self) -> float:
@@ -61,6 +62,21 @@ class StepRecord:
 def percentile(values, q: float) -> float | None:
     values = [v for v in values if v is not None]
     return float(np.percentile(values, q)) if values else None
+
+
+def speculation_summary(steps: list[StepRecord]) -> dict:
+    """Speculative decoding over some steps ({} if none drafted): the acceptance rate a (accepted draft
+    tokens per draft position the target reached: all accepted ones plus each first rejection), the
+    draft tokens proposed and the tokens produced per sequence per step (accepted + 1)."""
+    outcomes = [o for st in steps for o in st.spec_outcomes]
+    if not outcomes:
+        return {}
+    drafted = sum(d for d, _ in outcomes)
+    accepted = sum(a for _, a in outcomes)
+    reached = accepted + sum(1 for d, a in outcomes if a < d)
+    return {"spec_acceptance_rate": accepted / reached,
+            "spec_draft_tokens_per_step": drafted / len(outcomes),
+            "spec_tokens_per_step": (accepted + len(outcomes)) / len(outcomes)}
 
 
 @dataclass
@@ -93,7 +109,13 @@ class RunReport:
         s["mean_batch_size"] = float(np.mean([st.batch_size for st in self.steps])) if self.steps else 0.0
         s["slot_utilisation"] = s["mean_batch_size"] / self.max_batch_size
         s["preemptions"] = sum(r.num_preemptions for r in done)
+        s.update(speculation_summary(self.steps))
         return s
+
+    def profile(self, decode_only: bool = True) -> dict:
+        """Median seconds per step part and the overhead share, for runs with EngineConfig(profile_steps=True)."""
+        from minibatch.profiler import profile_summary   # imported here: the profiler module imports torch
+        return profile_summary(self.steps, decode_only)
 
     def to_dict(self) -> dict:
         return {"summary": self.summary(), "requests": [asdict(r) for r in self.requests],

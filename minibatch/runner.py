@@ -20,13 +20,19 @@ class ModelRunner:
         self.model, self.kv_cache, self.blocks, self.backend, self.device = model, kv_cache, blocks, backend, device
 
     def prepare(self, plan: StepPlan):
-        """Packed inputs of a step: ids, positions, slots (T,), metadata, and the rows that sample."""
+        """Packed inputs of a step: ids, positions, slots (T,), metadata, and the rows that sample.
+
+        A sequence with draft tokens (speculative decoding) runs them after its own new tokens and
+        gets a logits row for its last token and for each draft token: the k + 1 rows verification reads.
+        """
         ids, positions, slots, query_lens, context_lens, tables, logits_rows = [], [], [], [], [], [], []
         bs = self.blocks.block_size
         for seq in plan.seqs:
-            r, start, n = seq.request, seq.start, seq.num_new_tokens
+            r, start, drafts = seq.request, seq.start, seq.draft_token_ids
+            n = seq.num_new_tokens + len(drafts)
             table = self.blocks.block_tables[r.request_id]
-            ids.extend(r.all_token_ids[start:start + n])
+            ids.extend(r.all_token_ids[start:start + seq.num_new_tokens])
+            ids.extend(drafts)
             pos = np.arange(start, start + n)
             positions.append(pos)
             slots.append(np.asarray(table)[pos // bs] * bs + pos % bs)
@@ -34,7 +40,7 @@ class ModelRunner:
             context_lens.append(start + n)
             tables.append(table)
             if seq.samples:
-                logits_rows.append(len(ids) - 1)
+                logits_rows.extend(range(len(ids) - 1 - len(drafts), len(ids)))
         to_device = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
         meta = AttentionMetadata.build(query_lens, context_lens, tables, self.device)
         return (to_device(ids), to_device(np.concatenate(positions)), to_device(np.concatenate(slots)),
@@ -42,6 +48,6 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> torch.Tensor:
-        """Run one step; returns logits (S, V) for the sequences that sample, in plan order."""
+        """Run one step; returns logits (S, V) for the sequences that sample (plus their draft rows), in plan order."""
         input_ids, positions, slot_mapping, meta, logits_rows = self.prepare(plan)
         return self.model.forward(input_ids, positions, slot_mapping, meta, self.kv_cache, self.backend, logits_rows)

@@ -33,7 +33,8 @@ class Sampler:
         self.default_seed = default_seed
         self.generators: dict[int, torch.Generator] = {}
 
-    def _generator(self, request_id: int, params: SamplingParams) -> torch.Generator:
+    def generator(self, request_id: int, params: SamplingParams) -> torch.Generator:
+        """The request's own random stream (made on first use from its seed); speculative decoding draws from it too."""
         if request_id not in self.generators:
             seed = params.seed if params.seed is not None else self.default_seed * 1_000_003 + request_id
             self.generators[request_id] = torch.Generator().manual_seed(seed)
@@ -48,5 +49,5 @@ class Sampler:
         for row, (rid, p) in enumerate(zip(request_ids, params)):
             if not p.greedy:
                 probs = filter_logits(logits[row].float().cpu(), p).softmax(-1)
-                tokens[row] = int(torch.multinomial(probs, 1, generator=self._generator(rid, p)))
+                tokens[row] = int(torch.multinomial(probs, 1, generator=self.generator(rid, p)))
         return tokens

@@ -27,6 +27,7 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.layout = layout
+        self.max_model_len = max_model_len
         self.reserve_blocks = blocks_for(max_model_len, block_size) if layout == "contiguous" else 0
         self.free_blocks: deque[int] = deque(range(num_blocks))
         self.block_tables: dict[int, list[int]] = {}
@@ -59,6 +60,19 @@ class BlockManager:
         table.extend(self.free_blocks.popleft() for _ in range(needed))
         self.tokens_stored[request_id] = max(self.tokens_stored.get(request_id, 0), num_tokens)
         return table
+
+    def shrink(self, request_id: int, num_tokens: int) -> None:
+        """Keep only the blocks that hold request_id's first num_tokens tokens; the rest go back to the
+        free list (speculative decoding reserves room for draft tokens, then rewinds past the rejected)."""
+        table = self.block_tables.get(request_id)
+        if table is None:
+            return
+        keep = blocks_for(num_tokens, self.block_size)
+        if self.layout == "contiguous":
+            keep = max(keep, self.reserve_blocks)
+        self.free_blocks.extend(table[keep:])
+        del table[keep:]
+        self.tokens_stored[request_id] = min(self.tokens_stored[request_id], num_tokens)
 
     def free(self, request_id: int) -> None:
         """Return every block of request_id to the free list."""

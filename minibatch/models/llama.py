@@ -65,23 +65,44 @@ class LlamaModel:
         self.cos = angles.cos().to(device=device, dtype=dtype)
         self.sin = angles.sin().to(device=device, dtype=dtype)
 
-    def forward(self, input_ids, positions, slot_mapping, meta, kv_cache, backend, logits_rows):
-        """Run T packed tokens through the model; returns logits (S, V) for the S rows in logits_rows."""
-        T = input_ids.shape[0]
+    def forward(self, input_ids, positions, slot_mapping, meta, kv_cache, backend, logits_rows, num_layers=None):
+        """Run T packed tokens through the model; returns logits (S, V) for the S rows in logits_rows.
+
+        num_layers runs only the first layers before the final norm and LM head (a layer-skip draft).
+        """
+        x, cos, sin = self.embed_inputs(input_ids, positions)              # (T, C), (T, 1, D), (T, 1, D)
+        for layer, k_cache, v_cache in zip(self.layers[:num_layers], kv_cache.k, kv_cache.v):
+            h = self.norm(x, layer["attn_norm"])
+            x = x + self.attention(h, layer, cos, sin, k_cache, v_cache, slot_mapping, meta, backend)
+            h = self.norm(x, layer["mlp_norm"])
+            x = x + self.mlp(h, layer)
+        return self.lm_head_logits(self.norm(x[logits_rows], self.final_norm))  # (S, V)
+
+    # The kinds of work in a forward pass, one method each, so the step profiler can time them.
+    def embed_inputs(self, input_ids, positions):
+        """Token embeddings (T, C) and the rotary cos/sin (T, 1, D) of each token's position."""
+        return self.embed[input_ids], self.cos[positions][:, None], self.sin[positions][:, None]
+
+    def norm(self, x, weight):
+        return rms_norm(x, weight, self.eps)
+
+    def attention(self, h, layer, cos, sin, k_cache, v_cache, slot_mapping, meta, backend):
+        """Self-attention of the normed rows h (T, C): q|k|v, rotary, KV write, paged attention, output projection."""
+        T = h.shape[0]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        x = self.embed[input_ids]                                           # (T, C)
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (T, 1, D)
-        for layer, k_cache, v_cache in zip(self.layers, kv_cache.k, kv_cache.v):
-            h = rms_norm(x, layer["attn_norm"], self.eps)
-            q, k, v = F.linear(h, layer["qkv"]).split([H * D, Hkv * D, Hkv * D], dim=-1)
-            q, k, v = q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
-            q = q * cos + rotate_half(q) * sin                              # (T, H, D)
-            k = k * cos + rotate_half(k) * sin                              # (T, Hkv, D)
-            backend.write_kv(k, v, k_cache, v_cache, slot_mapping)
-            attn = backend.attention(q, k_cache, v_cache, meta, self.scale)  # (T, H, D)
-            x = x + F.linear(attn.reshape(T, H * D), layer["o"])
-            h = rms_norm(x, layer["mlp_norm"], self.eps)
-            gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)      # (T, I) each
-            x = x + F.linear(F.silu(gate) * up, layer["down"])
-        h = rms_norm(x[logits_rows], self.final_norm, self.eps)             # (S, C)
-        return F.linear(h, self.lm_head).float()                            # (S, V)
+        q, k, v = F.linear(h, layer["qkv"]).split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q, k, v = q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
+        q = q * cos + rotate_half(q) * sin                                  # (T, H, D)
+        k = k * cos + rotate_half(k) * sin                                  # (T, Hkv, D)
+        backend.write_kv(k, v, k_cache, v_cache, slot_mapping)
+        attn = backend.attention(q, k_cache, v_cache, meta, self.scale)      # (T, H, D)
+        return F.linear(attn.reshape(T, H * D), layer["o"])                 # (T, C)
+
+    def mlp(self, h, layer):
+        """SwiGLU: down(silu(gate(h)) * up(h)), (T, C) -> (T, C)."""
+        gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)          # (T, I) each
+        return F.linear(F.silu(gate) * up, layer["down"])
+
+    def lm_head_logits(self, h):
+        """Logits (S, V) in fp32 for the final-normed rows h (S, C)."""
+        return F.linear(h, self.lm_head).float()

@@ -21,6 +21,8 @@ class ScheduledSeq:
 
     request: Request
     num_new_tokens: int
+    num_lookahead: int = 0      # extra KV slots reserved for draft tokens (speculative decoding)
+    draft_token_ids: list[int] = field(default_factory=list)  # draft tokens to verify, set by the proposer
 
     @property
     def start(self) -> int:
@@ -45,7 +47,7 @@ class StepPlan:
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.seqs)
+        return sum(s.num_new_tokens + len(s.draft_token_ids) for s in self.seqs)
 
 
 class Scheduler:
@@ -55,6 +57,7 @@ class Scheduler:
         self.max_batch_size = config.max_batch_size
         self.batch_timeout_s = config.batch_timeout_s
         self.max_tokens_per_step = config.max_tokens_per_step
+        self.num_speculative_tokens = config.num_speculative_tokens if config.speculative_method else 0
         self.blocks = block_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -65,7 +68,7 @@ class Scheduler:
         self.waiting.append(request)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting) or any(not r.is_finished for r in self.running)
 
     def batch_ready(self, now: float) -> bool:
         """The batching-timeout rule: start when a full batch waits or the oldest has waited long enough."""
@@ -97,6 +100,14 @@ class Scheduler:
         """Take a request out of the queue before it ends early; `finish` then frees the rest."""
         if request in self.waiting:
             self.waiting.remove(request)
+
+    def lookahead(self, request: Request, todo: int, budget: int) -> int:
+        """Draft tokens a decoding request may verify this step: k, less near its length limits."""
+        if not self.num_speculative_tokens or todo != 1 or not request.output_token_ids:
+            return 0
+        tokens_left = request.params.max_new_tokens - len(request.output_token_ids) - 1  # after this step's own token
+        room_left = self.blocks.max_model_len - request.num_tokens - 1
+        return max(0, min(self.num_speculative_tokens, budget - todo, tokens_left, room_left))
 
     def schedule(self, now: float) -> StepPlan:
         raise NotImplementedError

@@ -33,9 +33,12 @@ class ContinuousScheduler(Scheduler):
             while not self.blocks.can_allocate(request.request_id, target) and request in self.running:
                 self._preempt(self.running[-1], plan)
             if request in self.running:
-                self.blocks.allocate(request.request_id, target)
-                plan.seqs.append(ScheduledSeq(request, todo))
-                budget -= todo
+                lookahead = self.lookahead(request, todo, budget)   # 0 unless speculating; never preempts for it
+                if not self.blocks.can_allocate(request.request_id, target + lookahead):
+                    lookahead = 0
+                self.blocks.allocate(request.request_id, target + lookahead)
+                plan.seqs.append(ScheduledSeq(request, todo, lookahead))
+                budget -= todo + lookahead
         return budget
 
     def _admit_waiting(self, plan: StepPlan, budget: int, now: float) -> None:

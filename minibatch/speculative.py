@@ -1,0 +1,235 @@
+"""Speculative decoding: guess k tokens cheaply, then check all of them in one pass of the model.
+
+A decode step of a small model does little arithmetic and pays for everything else (reading the
+weights, launching work, Python), so checking k + 1 tokens costs about what producing one does.
+A *proposer* guesses k draft tokens; the model runs the sequence's newest token and the k drafts
+in one forward pass over the paged cache (k + 1 logits rows) and keeps the drafts it agrees with,
+plus one token of its own. A step yields 1 to k + 1 tokens, and they are the model's own.
+
+Proposers:
+- "ngram" (prompt lookup): find an earlier occurrence of the sequence's last n tokens in its prompt
+  and output, and propose what followed it. No second model; it shines when the output copies
+  from the input (editing, summarising, extracting).
+- "draft": a smaller model with the same tokenizer, with its own KV tensors; it reuses the
+  target's block tables, so a token's slot is the same in both caches.
+- "layer_skip": the first layers of the model itself, then its final norm and LM head. Its cache
+  is the model's own first layers, which the verification pass writes anyway.
+
+Verification: greedy keeps drafts while they equal the model's argmax (`verify_greedy`); sampling
+uses the rejection rule of Leviathan et al. and Chen et al. (2023) (`verify_sampled`), so tokens
+follow the model's own distribution p whatever the draft's q. KV slots written for rejected
+drafts are rolled back: num_computed_tokens counts accepted tokens only, and blocks past them are
+released.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from minibatch.config import ConfigError
+from minibatch.kernels import AttentionMetadata
+from minibatch.kv import KVCache
+from minibatch.models import load_model
+from minibatch.models.llama import LlamaModel
+from minibatch.sampling import filter_logits
+
+
+def expected_tokens_per_step(acceptance_rate: float, k: int) -> float:
+    """Tokens a step yields when each draft is accepted with probability a: 1 + a + ... + a^k."""
+    a = acceptance_rate
+    return k + 1.0 if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def ngram_propose(token_ids: list[int], k: int, n_max: int, n_min: int) -> list[int]:
+    """Prompt lookup: for n from n_max down to n_min, find the latest earlier occurrence of the last n
+    tokens and return up to k tokens that followed it; [] when no suffix recurs."""
+    tokens = np.asarray(token_ids)
+    for n in range(min(n_max, len(tokens) - 1), n_min - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # (L - n, n): every earlier n-gram
+        hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+        if len(hits):
+            follow = hits[-1] + n
+            return [int(t) for t in tokens[follow:follow + k]]
+    return []
+
+
+def verify_greedy(draft_token_ids: list[int], target_token_ids: list[int]) -> list[int]:
+    """Greedy verification: target_token_ids (k + 1) are the model's argmax after the newest token and
+    after each draft. Keep drafts while they match, then add the model's own token where they stop."""
+    n = 0
+    while n < len(draft_token_ids) and draft_token_ids[n] == target_token_ids[n]:
+        n += 1
+    return list(draft_token_ids[:n]) + [target_token_ids[n]]
+
+
+def verify_sampled(draft_token_ids, target_probs, draft_probs, generator) -> list[int]:
+    """Rejection sampling: target_probs (k + 1, V) is p at each position, draft_probs (k, V) the q the
+    drafts were drawn from (None: drafts were fixed guesses, q one-hot). Draft d is accepted with
+    probability min(1, p(d) / q(d)); the first rejected one is replaced by a draw from max(0, p - q)."""
+    out = []
+    for i, token in enumerate(draft_token_ids):
+        p = target_probs[i]                                               # (V,)
+        q = draft_probs[i] if draft_probs is not None else torch.nn.functional.one_hot(
+            torch.tensor(token), p.shape[-1]).to(p.dtype)                 # (V,)
+        if torch.rand((), generator=generator) * q[token] < p[token]:
+            out.append(token)
+            continue
+        residual = (p - q).clamp(min=0)                                   # (V,) mass p has and q lacks
+        return out + [int(torch.multinomial(residual, 1, generator=generator))]
+    return out + [int(torch.multinomial(target_probs[len(draft_token_ids)], 1, generator=generator))]
+
+
+class NgramProposer:
+    """Drafts copied from earlier in each sequence (prompt lookup); no model runs."""
+
+    def __init__(self, n_max: int, n_min: int):
+        self.n_max, self.n_min = n_max, n_min
+
+    def propose(self, seqs, sampler):
+        drafts = [ngram_propose(s.request.all_token_ids, s.num_lookahead, self.n_max, self.n_min) for s in seqs]
+        return drafts, [None] * len(seqs)
+
+    def rewind(self, request_id: int, num_tokens: int) -> None:
+        pass                                                              # nothing cached
+
+    def release(self, request_id: int) -> None:
+        pass
+
+
+class ModelProposer:
+    """Drafts from a model (a smaller one, or the first layers of the target), all sequences batched.
+
+    Each sequence first feeds the tokens its draft cache lacks, then one draft token per pass.
+    """
+
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, blocks, backend, device, num_layers=None):
+        self.model, self.kv_cache, self.blocks, self.backend, self.device = model, kv_cache, blocks, backend, device
+        self.num_layers = num_layers                # layer_skip: the target's first layers (its own cache)
+        self.computed: dict[int, int] = {}          # request id -> leading tokens whose K/V the draft holds
+
+    def rewind(self, request_id: int, num_tokens: int) -> None:
+        """Forget draft K/V past num_tokens (rejected drafts, or a preempted request starting over)."""
+        self.computed[request_id] = min(self.computed.get(request_id, 0), num_tokens)
+
+    def release(self, request_id: int) -> None:
+        self.computed.pop(request_id, None)
+
+    @torch.inference_mode()
+    def propose(self, seqs, sampler):
+        starts, feeds = [], []
+        for seq in seqs:
+            r = seq.request
+            start = r.num_computed_tokens if self.num_layers else self.computed.get(r.request_id, 0)
+            starts.append(start)
+            feeds.append(r.all_token_ids[start:])
+        drafts, probs = [[] for _ in seqs], [[] for _ in seqs]
+        for _ in range(max(s.num_lookahead for s in seqs)):
+            active = [i for i, s in enumerate(seqs) if len(drafts[i]) < s.num_lookahead]
+            logits = self._forward([seqs[i].request.request_id for i in active],
+                                   [feeds[i] for i in active], [starts[i] for i in active])  # (len(active), V)
+            for row, i in enumerate(active):
+                token, q = self._pick(logits[row], seqs[i].request, sampler)
+                drafts[i].append(token)
+                probs[i].append(q)
+                starts[i] += len(feeds[i])
+                feeds[i] = [token]
+        for seq, start in zip(seqs, starts):
+            self.computed[seq.request.request_id] = start
+        return drafts, [None if q[0] is None else torch.stack(q) for q in probs]
+
+    def _pick(self, logits, request, sampler):
+        """The draft token from one row of logits (V,), and the distribution q it was drawn from."""
+        if request.params.greedy:
+            return int(logits.argmax()), None
+        q = filter_logits(logits.float().cpu(), request.params).softmax(-1)   # (V,)
+        return int(torch.multinomial(q, 1, generator=sampler.generator(request.request_id, request.params))), q
+
+    def _forward(self, request_ids, feeds, starts):
+        """Packed forward of each sequence's fed tokens; logits (B, V) of each sequence's last one."""
+        bs = self.blocks.block_size
+        lens = [len(f) for f in feeds]
+        positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lens)])  # (T,)
+        tables = [self.blocks.block_tables[rid] for rid in request_ids]
+        slots = np.concatenate([np.asarray(t)[np.arange(s, s + n) // bs] * bs + np.arange(s, s + n) % bs
+                                for t, s, n in zip(tables, starts, lens)])                # (T,)
+        meta = AttentionMetadata.build(lens, [s + n for s, n in zip(starts, lens)], tables, self.device)
+        as_tensor = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=self.device)
+        ids = as_tensor([t for f in feeds for t in f])
+        return self.model.forward(ids, as_tensor(positions), as_tensor(slots), meta, self.kv_cache, self.backend,
+                                  as_tensor(np.cumsum(lens) - 1), num_layers=self.num_layers)
+
+
+class Speculator:
+    """Proposes drafts for a step's decoding sequences, verifies them, and rolls back the rejected."""
+
+    def __init__(self, proposer, blocks, sampler):
+        self.proposer, self.blocks, self.sampler = proposer, blocks, sampler
+        self.draft_probs: dict[int, torch.Tensor | None] = {}  # request id -> q (k, V) of this step's drafts
+
+    def propose(self, plan) -> None:
+        """Fill draft_token_ids of every sequence the scheduler reserved lookahead slots for."""
+        for seq in plan.seqs:                      # a preempted request recomputes from 0: so must its draft
+            self.proposer.rewind(seq.request.request_id, seq.start)
+        seqs = [s for s in plan.seqs if s.num_lookahead]
+        self.draft_probs.clear()
+        if seqs:
+            drafts, probs = self.proposer.propose(seqs, self.sampler)
+            for seq, d, q in zip(seqs, drafts, probs):
+                seq.draft_token_ids = d
+                self.draft_probs[seq.request.request_id] = q
+
+    def verify(self, logits, plan) -> tuple[list[list[int]], list[tuple[int, int]]]:
+        """logits (rows, V): 1 + len(drafts) rows per sampling sequence. Returns the tokens each one
+        produced, and (drafted, accepted) for each sequence that had drafts."""
+        greedy_rows = logits.argmax(dim=-1).tolist()
+        outputs, outcomes, row = [], [], 0
+        for seq in (s for s in plan.seqs if s.samples):
+            r, drafts = seq.request, seq.draft_token_ids
+            rows = slice(row, row + len(drafts) + 1)
+            row = rows.stop
+            if r.params.greedy:
+                tokens = verify_greedy(drafts, greedy_rows[rows])
+            else:
+                p = torch.stack([filter_logits(x.float().cpu(), r.params).softmax(-1) for x in logits[rows]])
+                tokens = verify_sampled(drafts, p, self.draft_probs.get(r.request_id),
+                                        self.sampler.generator(r.request_id, r.params))
+            outputs.append(tokens)
+            if drafts:
+                outcomes.append((len(drafts), len(tokens) - 1))
+        return outputs, outcomes
+
+    def rewind(self, plan) -> None:
+        """After the update: release blocks reserved past each speculating sequence's accepted tokens."""
+        for seq in plan.seqs:
+            if seq.num_lookahead and not seq.request.is_finished:
+                self.blocks.shrink(seq.request.request_id, seq.request.num_computed_tokens)
+                self.proposer.rewind(seq.request.request_id, seq.request.num_computed_tokens)
+
+    def release(self, request_id: int) -> None:
+        self.proposer.release(request_id)
+
+
+def make_speculator(engine):
+    """The Speculator an engine's config asks for, or None; checks the draft model fits the target."""
+    config, model = engine.config, engine.model
+    method = config.speculative_method
+    if method is None:
+        return None
+    if method == "ngram":
+        proposer = NgramProposer(config.ngram_prompt_lookup_max, config.ngram_prompt_lookup_min)
+    elif method == "layer_skip":
+        layers = config.speculative_layers or model.num_layers // 2
+        if layers >= model.num_layers:
+            raise ConfigError(f"EngineConfig.speculative_layers={layers} is not allowed: the draft must skip "
+                              f"some of the model's {model.num_layers} layers (1 to {model.num_layers - 1})")
+        proposer = ModelProposer(model, engine.kv_cache, engine.blocks, engine.backend, engine.device, layers)
+    else:
+        draft = LlamaModel(load_model(config.speculative_model), engine.dtype, engine.device, engine.max_model_len)
+        if draft.vocab_size != model.vocab_size:
+            raise ConfigError(f"EngineConfig.speculative_model={config.speculative_model!r} is not allowed: its "
+                              f"vocabulary has {draft.vocab_size} tokens, the model's {model.vocab_size}; "
+                              "the draft needs the same tokenizer")
+        cache = KVCache(draft.num_layers, engine.blocks.num_blocks, engine.blocks.block_size, draft.num_kv_heads,
+                        draft.head_dim, engine.dtype, engine.device)
+        proposer = ModelProposer(draft, cache, engine.blocks, engine.backend, engine.device)
+    return Speculator(proposer, engine.blocks, engine.sampler)

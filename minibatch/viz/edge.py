@@ -1,0 +1,49 @@
+"""One lane per request, from arrival to finish: how long it queued, waited for its first token,
+and spent generating. Under edge mode (a batch of one) the queue grows down the lanes; a server
+batching the same arrivals keeps the lanes short and overlapping.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from minibatch.metrics import RunReport
+
+PHASE_COLOURS = {"queued": "#bbbbbb", "to first token": "#fdae61", "generating": "#2c7bb6"}
+LATENCIES = (("ttft", "p50 TTFT"), ("tpot", "p50 TPOT"), ("e2e", "p50 e2e"))
+
+
+def request_lanes(report: RunReport, ax=None, title: str | None = None):
+    """Horizontal lanes, request 0 at the top: queued (arrival to first scheduled), to first token, generating."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.25 * len(report.requests) + 1.5), layout="constrained")
+    for row, r in enumerate(report.requests):
+        start = r.arrival_time - report.start_time
+        spans = {"queued": r.queue_time or 0.0, "to first token": (r.ttft or 0.0) - (r.queue_time or 0.0),
+                 "generating": (r.e2e or 0.0) - (r.ttft or 0.0)}
+        for phase, width in spans.items():
+            ax.barh(row, width, left=start, color=PHASE_COLOURS[phase], height=0.7, label=phase if row == 0 else None)
+            start += width
+    ax.invert_yaxis()
+    ax.set(xlabel="time since start (s)", ylabel="request", title=title)
+    ax.legend(loc="upper right", fontsize=8)
+    return ax
+
+
+def edge_vs_server(reports: Mapping[str, RunReport], current: str) -> Figure:
+    """Left: the lanes of reports[current]. Right: p50 latencies and throughput of every report given."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.22 * len(reports[current].requests) + 2.2),
+                                      gridspec_kw={"width_ratios": [3, 2]}, layout="constrained")
+    request_lanes(reports[current], ax=left, title=f"{current}: one lane per request")
+    width = 0.8 / len(reports)
+    for i, (name, report) in enumerate(reports.items()):
+        s = report.summary()
+        values = [s[f"p50_{key}_s"] or 0.0 for key, _ in LATENCIES]
+        right.bar([j + i * width for j in range(len(LATENCIES))], values, width,
+                  label=f"{name}: {s['throughput_tok_s']:.0f} tok/s")
+    right.set_xticks([j + width * (len(reports) - 1) / 2 for j in range(len(LATENCIES))], [n for _, n in LATENCIES])
+    right.set(ylabel="seconds", title="latency (legend: throughput)")
+    right.legend(fontsize=8)
+    return fig

@@ -1,0 +1,68 @@
+"""Where a step's time goes, as stacked bars: one bar per profiled setting (a model size, a batch size).
+
+- `step_profile`: the parts of one step, in ms or as shares of the step.
+- `per_token_profile`: the same parts divided by the batch size, ms per token, for several batch
+  sizes: the fixed costs of a step shrink per token as the batch grows.
+
+Each bar stacks the parts of a step (`minibatch.profiler.PARTS`): the model's work in blues and
+greens, overhead (scheduling, input preparation, the rest of the forward pass, sampling, the
+update) in hatched warm colours, drafting in grey. The overhead share is written above each bar.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from minibatch.profiler import OVERHEAD_PARTS, PARTS
+
+PART_COLOURS = {
+    "schedule": "#d95f02", "propose": "#999999", "prepare": "#e7298a", "embed": "#a6cee3", "norm": "#b2df8a",
+    "attention": "#1f78b4", "mlp": "#33a02c", "lm_head": "#6a3d9a", "other": "#fdbf6f", "sample": "#e31a1c",
+    "update": "#ff7f00",
+}
+
+
+def step_profile(profiles: Mapping[str, dict], share: bool = False, title: str | None = None) -> Figure:
+    """Stacked bars of mean step parts; `profiles` maps a label to a profile (`RunReport.profile()` or
+    `minibatch.profiler.profile_summary`). share=True draws each bar as 100% of its step."""
+    if not isinstance(profiles, Mapping) or not profiles or not all("parts" in p for p in profiles.values()):
+        raise ValueError("profiles is not allowed: pass {label: profile}, each from RunReport.profile() "
+                         "of a run with EngineConfig(profile_steps=True)")
+    labels = list(profiles)
+    scale = np.array([profiles[k]["step_s"] if share else 1e-3 for k in labels])  # divide seconds by this
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.4 * len(labels) + 3), 3.8), layout="constrained")
+    bottom = np.zeros(len(labels))
+    for part in PARTS:
+        heights = np.array([profiles[k]["parts"][part] for k in labels]) / scale
+        if not heights.any():
+            continue
+        ax.bar(labels, heights, bottom=bottom, color=PART_COLOURS[part], label=part, edgecolor="white",
+               hatch="//" if part in OVERHEAD_PARTS else None)
+        bottom += heights
+    for x, (label, top) in enumerate(zip(labels, bottom)):
+        ax.annotate(f"overhead {profiles[label]['overhead_share']:.0%}", (x, top), ha="center", va="bottom",
+                    fontsize=8, xytext=(0, 2), textcoords="offset points")
+    ax.set_ylabel("share of the step" if share else "ms per step")
+    ax.set_ylim(0, bottom.max() * 1.12)
+    handles, names = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8,
+              title="hatched: overhead", title_fontsize=8)
+    ax.set_title(title or "Where a decode step's time goes")
+    return fig
+
+
+def per_token_profile(profiles: Mapping[int, dict], title: str | None = None) -> Figure:
+    """Stacked bars of ms per token (step parts / batch size), one bar per batch size in `profiles`
+    ({batch size: profile}); the throughput a step of that size gives is written above each bar."""
+    per_token = {f"batch {b}": {**p, "parts": {k: v / b for k, v in p["parts"].items()}, "step_s": p["step_s"] / b}
+                 for b, p in profiles.items()}
+    fig = step_profile(per_token, title=title or "Cost of one token: the step shared by its batch")
+    ax = fig.axes[0]
+    ax.set_ylabel("ms per token")
+    for text, (b, p) in zip(ax.texts, profiles.items()):
+        text.set_text(f"{b / p['step_s']:.0f} tok/s\noverhead {1e3 * p['overhead_share'] * p['step_s'] / b:.2f} ms")
+    ax.set_ylim(0, max(1e3 * p["step_s"] / b for b, p in profiles.items()) * 1.25)
+    return fig
