@@ -9,6 +9,10 @@ bookkeeping between steps are charged too. Steps of the same shape are repeated 
 kept (a shared machine is noisy). A least-squares fit, weighted so that every step counts by its
 relative error, gives the coefficients of `LinearCostModel`; the profile keeps them, the fit's
 errors and the measured points.
+
+On a machine shared with other busy programs, wall-clock times measure the competition as much
+as the model: `--threads 1 --cpu-time` measures the CPU time of one thread instead, which is
+what the steps would take on one otherwise idle core.
 """
 from __future__ import annotations
 
@@ -16,8 +20,9 @@ import datetime
 import itertools
 import os
 import platform
+import time
 from collections import defaultdict
-from dataclasses import astuple
+from dataclasses import astuple, fields
 
 import numpy as np
 import torch
@@ -29,11 +34,17 @@ from minibatch.costmodel import COEFFICIENTS, LinearCostModel, StepShape, save_p
 
 
 class RecordingClock(RealClock):
-    """A real clock that remembers the shape and start of every step it is charged for."""
+    """A real clock that remembers the shape and start of every step it is charged for; `timer`
+    is time.perf_counter (wall clock) or time.process_time (CPU time of this process)."""
 
-    def __init__(self):
+    def __init__(self, timer=time.perf_counter):
+        self.timer = timer
         super().__init__()
+        self._origin = timer()
         self.steps: list[tuple[StepShape, float]] = []
+
+    def now(self) -> float:
+        return self.timer() - self._origin
 
     def charge_step(self, plan, start: float) -> float:
         self.steps.append((StepShape.of(plan), start))
@@ -41,11 +52,12 @@ class RecordingClock(RealClock):
 
 
 def measure(model: str = "smollm2-135m", batch_sizes=(1, 2, 4, 8, 16), prompt_lens=(16, 64, 256),
-            new_tokens: int = 8, repeats: int = 3, use_tqdm: bool = True, **config) -> list[tuple[StepShape, float]]:
+            new_tokens: int = 8, repeats: int = 3, cpu_time: bool = False, use_tqdm: bool = True,
+            **config) -> list[tuple[StepShape, float]]:
     """(shape, median seconds) of every step shape the grid produced, on the real model and clock."""
     from minibatch.llm import LLM   # here, so that importing this module stays light
 
-    clock = RecordingClock()
+    clock = RecordingClock(time.process_time if cpu_time else time.perf_counter)
     llm = LLM(EngineConfig(model=model, max_batch_size=max(batch_sizes), **config), clock=clock)
     rng = np.random.default_rng(0)
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
@@ -90,20 +102,25 @@ def fit_errors(model: LinearCostModel, points: list[tuple[StepShape, float]]) ->
             "p90_rel_error": float(np.percentile(rel, 90)), "max_rel_error": float(rel.max())}
 
 
-def calibrate(model: str = "smollm2-135m", name: str | None = None, **grid) -> dict:
-    """Measure, fit and describe: a profile dict ready for `save_profile` and `EngineConfig(sim_profile=...)`."""
+def calibrate(model: str = "smollm2-135m", name: str | None = None, threads: int | None = None, **grid) -> dict:
+    """Measure, fit and describe: a profile dict ready for `save_profile` and `EngineConfig(sim_profile=...)`.
+    `threads` sets torch's thread count for the measurement (None keeps torch's default)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
     points = measure(model, **grid)
     fitted = fit(points)
     name = name or f"{model}-{platform.node() or 'this-machine'}"
+    timer = "CPU time of the process" if grid.get("cpu_time") else "wall-clock time"
     return {
         "name": name, "kind": "measured",
         "description": f"MEASURED: {model}, float32, attention 'torch', on {platform.machine()} CPU "
-                       f"({torch.get_num_threads()} threads), fitted by `python -m minibatch calibrate`",
-        "model": model, "device": "cpu", "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+                       f"({torch.get_num_threads()} threads, {timer}), fitted by `python -m minibatch calibrate`",
+        "model": model, "device": "cpu", "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "timer": timer,
         "processor": platform.processor() or platform.machine(), "date": datetime.date.today().isoformat(),
         "coefficients": dict(zip(COEFFICIENTS, fitted.coefficients())),
         "fit": fit_errors(fitted, points),
-        "measured_steps": [[*astuple(s), t] for s, t in points],  # StepShape fields..., seconds
+        "measured_steps": {"fields": [*(f.name for f in fields(StepShape)), "seconds"],
+                           "rows": [[*astuple(s), t] for s, t in points]},
     }
 
 
@@ -113,13 +130,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=[16, 64, 256], help="prompt lengths in tokens")
     parser.add_argument("--new-tokens", type=int, default=8, help="tokens each request decodes")
     parser.add_argument("--repeats", type=int, default=3, help="times each batch runs (the median is kept)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads while measuring (default: torch's)")
+    parser.add_argument("--cpu-time", action="store_true", help="time steps by CPU time, not wall clock (shared machines)")
     parser.add_argument("--name", default=None, help="profile name (default: model and host name)")
     parser.add_argument("--out", default="profile.json", help="where to write the profile JSON")
 
 
 def main(args) -> int:
-    profile = calibrate(args.model, args.name, batch_sizes=tuple(args.batch_sizes), prompt_lens=tuple(args.prompt_lens),
-                        new_tokens=args.new_tokens, repeats=args.repeats)
+    profile = calibrate(args.model, args.name, args.threads, batch_sizes=tuple(args.batch_sizes),
+                        prompt_lens=tuple(args.prompt_lens), new_tokens=args.new_tokens, repeats=args.repeats,
+                        cpu_time=args.cpu_time)
     save_profile(profile, args.out)
     c, f = profile["coefficients"], profile["fit"]
     print(f"step time = {c['overhead_s'] * 1e3:.2f} ms + {c['per_prefill_token_s'] * 1e3:.3f} ms/prefill token"

@@ -1,8 +1,8 @@
 """How long a step takes, without running it: the cost models behind the simulated clock.
 
 A step is described by its `StepShape`: how many prompt tokens it prefills, how many sequences
-decode one token, and how many cached keys its queries read. Two kinds of model turn a shape
-into seconds:
+decode one token, and how many tokens of KV cache its sequences read. Two kinds of model turn a
+shape into seconds:
 
 - `LinearCostModel`, MEASURED: a fixed per-step overhead plus a cost per prefill token, per
   decode sequence and per KV token read, fitted by least squares to real step times
@@ -32,24 +32,24 @@ class StepShape:
 
     prefill_tokens: int = 0    # prompt tokens computed (whole prompts and chunks)
     decode_seqs: int = 0       # sequences computing one new token each
-    kv_tokens_read: int = 0    # (query, key) pairs: every query row reads each cached key before it
-    context_tokens: int = 0    # tokens in the cache of the scheduled sequences after the step
+    kv_tokens_read: int = 0    # cache tokens the sequences attend to (cached + new), each read once per step
+    attention_pairs: int = 0   # (query, key) pairs: every new token attends to each token up to itself
     sampled_rows: int = 0      # sequences that produce a token (they go through the LM head)
 
     @classmethod
     def of(cls, plan) -> "StepShape":
         """The shape of a scheduler's StepPlan."""
-        prefill = decode = pairs = context = sampled = 0
+        prefill = decode = context = pairs = sampled = 0
         for seq in plan.seqs:
             q, ctx = seq.num_new_tokens, seq.start + seq.num_new_tokens
             if seq.is_prefill:
                 prefill += q
             else:
                 decode += 1
-            pairs += q * (ctx - q) + q * (q + 1) // 2   # row j of the q new rows sees ctx - q + j + 1 keys
             context += ctx
+            pairs += q * (ctx - q) + q * (q + 1) // 2   # row j of the q new rows sees ctx - q + j + 1 keys
             sampled += seq.samples
-        return cls(prefill, decode, pairs, context, sampled)
+        return cls(prefill, decode, context, pairs, sampled)
 
     def features(self) -> tuple[float, float, float, float]:
         """The inputs of the linear model, in the order of COEFFICIENTS."""
@@ -75,7 +75,7 @@ class LinearCostModel(CostModel):
     overhead_s: float             # per step, whatever it computes: scheduling, reading the weights, Python
     per_prefill_token_s: float    # each prompt token through every layer
     per_decode_seq_s: float       # each decoding sequence: its token through every layer and the LM head
-    per_kv_token_s: float         # each cached key a query row attends to
+    per_kv_token_s: float         # each token of KV cache a sequence reads
     kind = "measured"
 
     def step_time(self, shape: StepShape) -> float:
@@ -119,9 +119,9 @@ class RooflineCostModel(CostModel):
     def step_time(self, shape: StepShape) -> float:
         tokens = shape.prefill_tokens + shape.decode_seqs
         flops = (2 * (self.size.body_params * tokens + self.size.lm_head_params * shape.sampled_rows)
-                 + 4 * self.size.attention_width * shape.kv_tokens_read)
+                 + 4 * self.size.attention_width * shape.attention_pairs)
         moved = self.bytes_per_value * (self.size.body_params + self.size.lm_head_params   # every weight, once
-                                        + self.size.kv_values_per_token * (shape.context_tokens + tokens))
+                                        + self.size.kv_values_per_token * shape.kv_tokens_read)
         return self.overhead_s + max(flops / self.peak_flops, moved / self.memory_bandwidth) / self.efficiency
 
 

@@ -6,9 +6,9 @@ ranked by, in order: whether it meets the SLA, its goodput (to 3 significant dig
 headroom (the largest tail-to-limit ratio, lower is better).
 
 The search is coarse to fine, not a full grid:
-1. successive halving over a coarse grid (every other value of each knob): all candidates serve
-   the first quarter of the workload, the best third serve half of it, the best third of those
-   serve all of it;
+1. successive halving over a coarse grid (the smallest, middle and largest value of each knob):
+   all candidates serve the first quarter of the workload, the best third serve half of it, the
+   best third of those serve all of it;
 2. coordinate search from the best: try the neighbouring values of one knob at a time on the
    full grid and move while that improves the rank.
 
@@ -112,7 +112,7 @@ def tune(workload: list[WorkloadRequest], sla: SLA, base: EngineConfig | None = 
             bar.set_postfix(best=max(trials, key=lambda t: (t.num_requests, t.rank)).knobs, refresh=False)
         return seen[key]
 
-    coarse = {k: tuple(dict.fromkeys(v[::2] + v[-1:])) for k, v in space.items()}
+    coarse = {k: tuple(dict.fromkeys((v[0], v[len(v) // 2], v[-1]))) for k, v in space.items()}
     candidates = [dict(zip(KNOBS, c)) for c in itertools.product(*(coarse[k] for k in KNOBS))]
     bar.total = len(candidates) + sum(math.ceil(len(candidates) * KEEP ** (i + 1)) for i in range(len(RUNGS) - 1))
     for i, share in enumerate(RUNGS):                                   # 1. successive halving

@@ -32,17 +32,17 @@ def test_step_shape_counts_prefill_decode_and_causal_pairs():
                      ScheduledSeq(request(20, computed=8), 4),          # chunk 8..11 of a prompt, no token yet
                      ScheduledSeq(request(6, computed=6, outputs=1), 1)])  # decode at position 6
     shape = StepShape.of(plan)
-    assert shape == StepShape(prefill_tokens=14, decode_seqs=1, kv_tokens_read=55 + (9 + 10 + 11 + 12) + 7,
-                              context_tokens=10 + 12 + 7, sampled_rows=2)
+    assert shape == StepShape(prefill_tokens=14, decode_seqs=1, kv_tokens_read=10 + 12 + 7,
+                              attention_pairs=55 + (9 + 10 + 11 + 12) + 7, sampled_rows=2)
 
 
 def test_simulated_clock_charges_the_cost_model_and_sleeps_forward_only():
     model = LinearCostModel(overhead_s=0.01, per_prefill_token_s=0.001, per_decode_seq_s=0.002, per_kv_token_s=1e-5)
     clock = SimulatedClock(model)
     plan = StepPlan([ScheduledSeq(request(10), 10)])
-    assert clock.charge_step(plan, 1.0) == pytest.approx(1.0 + 0.01 + 10 * 0.001 + 55 * 1e-5)
+    assert clock.charge_step(plan, 1.0) == pytest.approx(1.0 + 0.01 + 10 * 0.001 + 10 * 1e-5)
     clock.sleep_until(0.5)                       # the past: time never goes back
-    assert clock.now() == pytest.approx(1.0 + 0.01 + 0.01 + 55e-5)
+    assert clock.now() == pytest.approx(1.0 + 0.01 + 0.01 + 1e-4)
     clock.sleep_until(7.0)
     assert clock.now() == 7.0
 
@@ -54,14 +54,14 @@ def test_roofline_is_memory_bound_for_decode_and_compute_bound_for_long_prefill(
     model = cost_model(profile, config)
     assert isinstance(model, RooflineCostModel)
     size, hw = ModelSize.of(config), profile["hardware"]
-    decode = StepShape(decode_seqs=1, kv_tokens_read=100, context_tokens=100, sampled_rows=1)
+    decode = StepShape(decode_seqs=1, kv_tokens_read=100, attention_pairs=100, sampled_rows=1)
     weights_s = hw["bytes_per_value"] * (size.body_params + size.lm_head_params) / hw["memory_bandwidth"]
     assert model.step_time(decode) >= hw["overhead_s"] + weights_s / hw["efficiency"]
     # doubling the batch of a memory-bound decode costs almost nothing; doubling a long prefill doubles its compute
-    assert model.step_time(StepShape(decode_seqs=2, kv_tokens_read=200, context_tokens=200, sampled_rows=2)) < \
+    assert model.step_time(StepShape(decode_seqs=2, kv_tokens_read=200, attention_pairs=200, sampled_rows=2)) < \
         1.05 * model.step_time(decode)
-    prefill = StepShape(prefill_tokens=8192, kv_tokens_read=8192 * 8193 // 2, context_tokens=8192, sampled_rows=1)
-    big = StepShape(prefill_tokens=16384, kv_tokens_read=2 * prefill.kv_tokens_read, context_tokens=16384, sampled_rows=2)
+    prefill = StepShape(prefill_tokens=8192, kv_tokens_read=8192, attention_pairs=8192 * 8193 // 2, sampled_rows=1)
+    big = StepShape(prefill_tokens=16384, kv_tokens_read=16384, attention_pairs=2 * prefill.attention_pairs, sampled_rows=2)
     assert model.step_time(big) - hw["overhead_s"] > 1.9 * (model.step_time(prefill) - hw["overhead_s"])
 
 
