@@ -79,7 +79,8 @@ class LinearCostModel(CostModel):
     kind = "measured"
 
     def step_time(self, shape: StepShape) -> float:
-        return sum(c * x for c, x in zip(self.coefficients(), shape.features()))
+        return (self.overhead_s + self.per_prefill_token_s * shape.prefill_tokens
+                + self.per_decode_seq_s * shape.decode_seqs + self.per_kv_token_s * shape.kv_tokens_read)
 
     def coefficients(self) -> tuple[float, float, float, float]:
         return (self.overhead_s, self.per_prefill_token_s, self.per_decode_seq_s, self.per_kv_token_s)

@@ -2,8 +2,9 @@
 
 Every candidate configuration serves the workload on the simulated clock without the model
 (`clock="simulated", sim_skip_model=True`), so a trial takes a fraction of a second. A trial is
-ranked by, in order: whether it meets the SLA, its goodput (to 3 significant digits), and its
-headroom (the largest tail-to-limit ratio, lower is better).
+ranked by, in order: whether it meets the SLA, its goodput (to 3 significant digits), its
+headroom (the largest tail-to-limit ratio, lower is better), and then the smaller knobs (the
+same service from fewer slots, less waiting and a smaller budget).
 
 The search is coarse to fine, not a full grid:
 1. successive halving over a coarse grid (the smallest, middle and largest value of each knob):
@@ -42,7 +43,7 @@ class Trial:
     knobs: dict            # {"max_batch_size": ..., "batch_timeout_s": ..., "max_tokens_per_step": ...}
     num_requests: int      # requests served (a prefix of the workload in early rungs)
     result: dict           # sla.evaluate(): the summary plus goodput, attainment, tails and sla_met
-    rank: tuple            # larger is better: (sla met, goodput to 3 digits, -headroom)
+    rank: tuple            # larger is better: (sla met, goodput to 3 digits, -headroom, -knobs...)
 
 
 @dataclass
@@ -67,18 +68,22 @@ class TuneResult:
                 for t in self.trials if not full_only or t.num_requests == self.num_requests]
 
 
-def _rank(result: dict, sla: SLA) -> tuple:
+def _rank(result: dict, sla: SLA, knobs: dict) -> tuple:
     ratios = [result[f"sla_p{sla.percentile:g}_{m}_s"] / limit for m, limit in sla.limits().items()
               if result[f"sla_p{sla.percentile:g}_{m}_s"] is not None]
-    return (result["sla_met"], float(f"{result['goodput_req_s']:.3g}"), -max(ratios, default=math.inf))
+    return (result["sla_met"], float(f"{result['goodput_req_s']:.3g}"), -max(ratios, default=math.inf),
+            *(-knobs[k] for k in KNOBS))
 
 
 def pareto_front(trials: list[Trial], latency_key: str) -> list[Trial]:
-    """Trials not dominated in (higher throughput, lower latency), sorted by latency."""
-    front = [t for t in trials if not any(
-        o.result["throughput_tok_s"] >= t.result["throughput_tok_s"] and o.result[latency_key] <= t.result[latency_key]
-        and (o.result["throughput_tok_s"], o.result[latency_key]) != (t.result["throughput_tok_s"], t.result[latency_key])
-        for o in trials)]
+    """Trials not dominated in (higher throughput, lower latency), sorted by latency; of trials
+    with the same point, the best ranked."""
+    point = lambda t: (t.result["throughput_tok_s"], t.result[latency_key])
+    best_at = {}
+    for t in trials:
+        if point(t) not in best_at or t.rank > best_at[point(t)].rank:
+            best_at[point(t)] = t
+    front = [t for p, t in best_at.items() if not any(o[0] >= p[0] and o[1] <= p[1] and o != p for o in best_at)]
     return sorted(front, key=lambda t: t.result[latency_key])
 
 
@@ -106,7 +111,7 @@ def tune(workload: list[WorkloadRequest], sla: SLA, base: EngineConfig | None = 
             part = encoded[:n]
             report = closed_loop.run(llm, part, use_tqdm=False) if closed_loop else llm.run(part, use_tqdm=False)
             result = evaluate(report, sla)
-            seen[key] = Trial(dict(knobs), n, result, _rank(result, sla))
+            seen[key] = Trial(dict(knobs), n, result, _rank(result, sla, knobs))
             trials.append(seen[key])
             bar.update(1)
             bar.set_postfix(best=max(trials, key=lambda t: (t.num_requests, t.rank)).knobs, refresh=False)

@@ -52,8 +52,8 @@ def run_grid(workload, sla, space):
     sim = replace(BASE, clock="simulated", sim_skip_model=True)
     ranks = {}
     for values in itertools.product(*(space[k] for k in KNOBS)):
-        report = LLM(replace(sim, **dict(zip(KNOBS, values)))).run(workload, use_tqdm=False)
-        ranks[values] = _rank(evaluate(report, sla), sla)
+        knobs = dict(zip(KNOBS, values))
+        ranks[values] = _rank(evaluate(LLM(replace(sim, **knobs)).run(workload, use_tqdm=False), sla), sla, knobs)
     return ranks
 
 
@@ -85,8 +85,9 @@ def test_pareto_front_holds_exactly_the_undominated_trials():
     beats = lambda a, b: point(a) != point(b) and point(a)[0] >= point(b)[0] and point(a)[1] <= point(b)[1]
     full = [t for t in result.trials if t.num_requests == len(workload)]
     assert result.pareto and all(not any(beats(o, t) for o in full) for t in result.pareto)
-    assert all(any(beats(f, t) for f in result.pareto) for t in full if t not in result.pareto
-               and point(t) not in map(point, result.pareto))
+    assert all(any(beats(f, t) for f in result.pareto) for t in full if point(t) not in map(point, result.pareto))
+    assert len(set(map(point, result.pareto))) == len(result.pareto)        # one trial per point: the best ranked
+    assert all(t.rank >= o.rank for t in result.pareto for o in full if point(o) == point(t))
     assert [point(t)[1] for t in result.pareto] == sorted(point(t)[1] for t in result.pareto)
     assert len(result.table()) == len(full)
 
