@@ -333,3 +333,65 @@ def check_pick_config(pick_config):
               Case((hand, {"p99_ttft_s": 2.0}), hand[1]),                # exactly at the limit meets it
               Case((hand, {"p99_ttft_s": 0.1}), None), Case(([], {"p99_ttft_s": 1.0}), None)]
     return check_cases(pick_config, cases)
+
+
+# --- Chapter 08: small-model specifics ------------------------------------------------------------
+
+@checker("overhead_share(parts)")
+def check_overhead_share(overhead_share):
+    """The share of a step outside the model's arithmetic, against the profiler's own answer."""
+    from minibatch.profiler import MODEL_PARTS, PARTS
+    from minibatch.profiler import overhead_share as reference
+
+    rng = np.random.default_rng(8)
+    profiles = [{p: float(t) for p, t in zip(PARTS, rng.exponential(1e-3, len(PARTS)))} for _ in range(6)]
+    model_only = {p: (1e-3 if p in MODEL_PARTS else 0.0) for p in PARTS}
+    overhead_only = {p: (0.0 if p in MODEL_PARTS or p == "propose" else 2e-3) for p in PARTS}
+    profiles += [model_only, overhead_only, {**model_only, "propose": 5e-3, "sample": 1e-3}]
+    return check_cases(overhead_share, [Case((p,), reference(p)) for p in profiles])
+
+
+def _smallest_batch(fixed_s, per_seq_s, target_share):
+    batch = 1
+    while fixed_s / (fixed_s + batch * per_seq_s) > target_share:
+        batch += 1
+    return batch
+
+
+@checker("batch_for_fixed_share(fixed_s, per_seq_s, target_share)")
+def check_batch_for_fixed_share(batch_for_fixed_share):
+    """Smallest batch size whose step spends at most target_share on the fixed per-step cost."""
+    cases = [(0.021, 0.001, 0.5), (0.02, 0.0015, 0.45), (0.002, 0.004, 0.9), (0.002, 0.004, 0.3),
+             (0.035, 0.0009, 0.25), (0.8, 0.003, 0.05), (0.01, 0.01, 0.999)]   # none on an exact boundary
+    return check_cases(batch_for_fixed_share, [Case(c, _smallest_batch(*c)) for c in cases])
+
+
+# --- Chapter 09: edge mode and speculative decoding -----------------------------------------------
+
+@checker("expected_tokens_per_step(a, k) and speedup(a, k, draft_cost)")
+def check_speculation_speedup(expected_tokens_per_step, speedup):
+    """Tokens per step 1 + a + ... + a^k, and the speed-up E / (1 + k * draft_cost) when verifying
+    k + 1 tokens costs one model step and drafting one token costs draft_cost steps."""
+    from minibatch.speculative import expected_tokens_per_step as reference
+
+    grid = [(a, k) for a in (0.0, 0.3, 0.6, 0.9, 1.0) for k in (1, 3, 6)]
+    n = check_cases(expected_tokens_per_step, [Case((a, k), reference(a, k)) for a, k in grid])
+    costs = [(a, k, c) for a, k in grid[::2] for c in (0.0, 0.05, 0.5)]
+    return n + check_cases(speedup, [Case((a, k, c), reference(a, k) / (1 + k * c)) for a, k, c in costs])
+
+
+@checker("verify_greedy(draft_token_ids, target_token_ids)")
+def check_verify_greedy(verify_greedy):
+    """Keep drafts while they equal the model's argmax, then add the model's own token: against the engine's rule."""
+    from minibatch.speculative import verify_greedy as reference
+
+    hand = [([4, 5, 6], [4, 5, 6, 7]), ([4, 5, 6], [4, 9, 6, 7]), ([4, 5, 6], [8, 5, 6, 7]), ([], [3]),
+            ([2, 2], [2, 3, 2])]
+    rng = np.random.default_rng(9)
+    for _ in range(12):
+        k = int(rng.integers(1, 6))
+        target = [int(t) for t in rng.integers(0, 5, size=k + 1)]
+        keep = int(rng.integers(0, k + 1))
+        drafts = target[:keep] + [int(t) for t in rng.integers(0, 5, size=k - keep)]
+        hand.append((drafts, target))
+    return check_cases(verify_greedy, [Case((list(d), list(t)), reference(d, t)) for d, t in hand])
