@@ -87,11 +87,17 @@ def planned(solutions: Path, exercises: Path) -> dict[Path, str | None]:
     wanted = {}
     for path in sorted(solutions.glob("*.ipynb")):
         notebook = json.loads(path.read_text(encoding="utf-8"))
-        wanted[exercises / path.name] = render(make_exercise(notebook, str(path)))
+        wanted[exercises / path.name] = render(make_exercise(notebook, shown(path)))
     changes = {p: text for p, text in wanted.items()
                if not p.exists() or p.read_text(encoding="utf-8") != text}
     stale = {p: None for p in exercises.glob("*.ipynb") if p not in wanted}
     return changes | stale
+
+
+def shown(path: Path) -> str:
+    """A path as messages show it: relative to the working folder where it can be."""
+    path = path.resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 def main(argv=None) -> int:
@@ -108,16 +114,16 @@ def main(argv=None) -> int:
     if args.check:
         for path, text in changes.items():
             why = "has no solution notebook" if text is None else "is out of date"
-            print(f"{path} {why}: run `make exercises`", file=sys.stderr)
+            print(f"{shown(path)} {why}: run `make exercises`", file=sys.stderr)
         return 1 if changes else 0
     args.exercises.mkdir(parents=True, exist_ok=True)
     for path, text in changes.items():
         if text is None:
             path.unlink()
-            print(f"removed {path} (no solution notebook)")
+            print(f"removed {shown(path)} (no solution notebook)")
         else:
             path.write_text(text, encoding="utf-8")
-            print(f"wrote {path}")
+            print(f"wrote {shown(path)}")
     return 0
 
 
