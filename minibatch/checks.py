@@ -187,6 +187,25 @@ def check_admit_static(admit_static):
     return check_cases(admit_static, _static_cases())
 
 
+def _engine_held_slot_steps(output_lengths, max_batch_size):
+    """Held slot-steps of a static run of `tiny` with these output lengths, all arriving at once."""
+    from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest
+    from minibatch.viz.timeline import slot_occupancy
+
+    llm = LLM(EngineConfig(model="tiny", scheduler="static", max_batch_size=max_batch_size))
+    workload = [WorkloadRequest(0.0, [3 + i, 4], SamplingParams(max_new_tokens=n, ignore_eos=True))
+                for i, n in enumerate(output_lengths)]
+    return slot_occupancy(llm.run(workload, use_tqdm=False))["held"]
+
+
+@checker("held_slot_steps(output_lengths, max_batch_size)")
+def check_held_slot_steps(held_slot_steps):
+    situations = [([5, 2, 9], 3), ([5, 2, 9, 1], 2), ([4, 4, 4], 4), ([1, 7, 3, 7, 2], 3), ([10], 1),
+                  ([3, 8, 2, 6, 6, 1, 9], 4)]
+    return check_cases(held_slot_steps, [Case((lengths, b), _engine_held_slot_steps(lengths, b))
+                                         for lengths, b in situations])
+
+
 # ---- chapter 03: continuous batching ---------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -335,6 +354,7 @@ def check_pick_config(pick_config):
     return check_cases(pick_config, cases)
 
 
+
 # --- Chapter 08: small-model specifics ------------------------------------------------------------
 
 @checker("overhead_share(parts)")
@@ -395,3 +415,274 @@ def check_verify_greedy(verify_greedy):
         drafts = target[:keep] + [int(t) for t in rng.integers(0, 5, size=k - keep)]
         hand.append((drafts, target))
     return check_cases(verify_greedy, [Case((list(d), list(t)), reference(d, t)) for d, t in hand])
+
+
+# ---- chapter 13: serving over HTTP ------------------------------------------------------------
+
+def _exposition(generated: int, steps: int, service: list[tuple[float, float]]) -> str:
+    """Prometheus text of a server that produced `generated` tokens in `steps` steps and finished
+    requests with these (queue time, e2e) pairs, under the names /metrics serves."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    registry = CollectorRegistry()
+    label = {"labelnames": ["model_name"], "registry": registry}
+    Counter("minibatch:generation_tokens", "tokens", **label).labels("m").inc(generated)
+    per_step = Histogram("minibatch:iteration_tokens_total", "tokens per step", **label).labels("m")
+    for _ in range(steps):
+        per_step.observe(1)
+    queue = Histogram("minibatch:request_queue_time_seconds", "queue", **label).labels("m")
+    e2e = Histogram("minibatch:e2e_request_latency_seconds", "e2e", **label).labels("m")
+    for q, total in service:
+        queue.observe(q)
+        e2e.observe(total)
+    return generate_latest(registry).decode()
+
+
+def _served_with_metrics() -> list[tuple[str, str, dict]]:
+    """Two runs on the simulated clock, scraped around each: (before, after, the engine's own answer)."""
+    from minibatch.config import EngineConfig
+    from minibatch.llm import LLM
+    from minibatch.monitoring import engine_metrics
+    from minibatch.workload import Poisson, Uniform, make_workload
+
+    llm = LLM(EngineConfig(model="tiny", clock="simulated", sim_skip_model=True, max_batch_size=4))
+    metrics, out = engine_metrics(llm), []
+    for rate, seed in ((2.0, 13), (40.0, 14)):
+        before = metrics.exposition()
+        report = llm.run(make_workload(16, Poisson(rate=rate), output_len=Uniform(2, 12), seed=seed), use_tqdm=False)
+        tokens = sum(r.num_output_tokens for r in report.requests)
+        service = [r.e2e - r.queue_time for r in report.requests]
+        out.append((before, metrics.exposition(), {"utilisation": tokens / len(report.steps) / 4,
+                                                   "saturation_req_s": 4 / float(np.mean(service))}))
+    return out
+
+
+@checker("read_load(before, after, max_batch_size)")
+def check_read_load(read_load):
+    """Utilisation (tokens per step / max_batch_size) and the saturation point (Little's law:
+    max_batch_size / mean time in service) between two scrapes of /metrics."""
+    empty = _exposition(0, 0, [])
+    hand = [(empty, _exposition(80, 40, [(0.5, 2.5), (0.0, 1.0)]), 8, {"utilisation": 0.25, "saturation_req_s": 8 / 1.5}),
+            (_exposition(10, 10, [(1.0, 3.0)]), _exposition(40, 20, [(1.0, 3.0), (0.25, 1.25), (0.75, 0.75)]), 4,
+             {"utilisation": 0.75, "saturation_req_s": 4 / 0.5})]
+    cases = [Case((b, a, size), expected) for b, a, size, expected in hand]
+    cases += [Case((b, a, 4), expected) for b, a, expected in _served_with_metrics()]
+    return check_cases(read_load, cases)
+
+
+# ---- chapters 06 and 07: the KV cache, memory and paged attention ---------------------------
+
+KV_SHAPES = [  # (name, layers, KV heads, head dim, bytes per element)
+    ("SmolLM2-135M fp32", 30, 3, 64, 4), ("SmolLM2-135M bf16", 30, 3, 64, 2), ("Llama-2-7B fp16", 32, 32, 128, 2),
+    ("Llama-3-8B bf16", 32, 8, 128, 2), ("Qwen2.5-0.5B bf16", 24, 2, 64, 2), ("tiny fp32", 4, 2, 16, 4),
+]
+
+
+def _sequences_admitted(budget_bytes, bytes_per_token, block_size, tokens_per_seq):
+    """How many sequences of tokens_per_seq tokens the engine's BlockManager holds in this budget."""
+    from minibatch.kv import BlockManager
+
+    blocks = BlockManager(budget_bytes // (bytes_per_token * block_size), block_size)
+    count = 0
+    while blocks.can_allocate(count, tokens_per_seq):
+        blocks.allocate(count, tokens_per_seq)
+        count += 1
+    return count
+
+
+@checker("kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_element) and "
+         "max_sequences(budget_bytes, bytes_per_token, block_size, tokens_per_seq)")
+def check_kv_capacity(kv_bytes_per_token, max_sequences):
+    """Bytes per token against the engine's formula; sequences per budget against a BlockManager filled up."""
+    from minibatch.kv import kv_bytes_per_token as reference
+
+    dtypes = {4: torch.float32, 2: torch.float16}
+    n = check_cases(kv_bytes_per_token, [Case((layers, heads, dim, size), reference(layers, heads, dim, dtypes[size]))
+                                         for _, layers, heads, dim, size in KV_SHAPES])
+    situations = [(1 << 20, 1024, 16, 40), (1 << 20, 1024, 16, 48), (1 << 20, 1024, 16, 49), (1 << 20, 1024, 16, 2000),
+                  (80 << 20, 46080, 16, 132), (80 << 20, 46080, 16, 512), (1 << 30, 524288, 16, 512),
+                  (16 << 30, 524288, 16, 1000), (8 << 30, 131072, 32, 4096), (1 << 30, 23040, 1, 100), (5000, 64, 8, 3)]
+    return n + check_cases(max_sequences, [Case(s, _sequences_admitted(*s)) for s in situations])
+
+
+def _growth_cases():
+    """(block_size, free list order, prompt tokens, tokens to append) per scenario."""
+    rng = np.random.default_rng(6)
+    cases = [(4, list(range(8)), 1, 10), (4, [5, 2, 7, 0, 1, 3, 6, 4], 4, 9), (16, [3, 1, 2, 0], 15, 20),
+             (1, [9, 4, 6, 2, 8], 0, 5), (8, [2, 0, 1], 0, 24)]
+    for _ in range(6):
+        block_size, num_blocks = int(rng.choice([2, 4, 8, 16])), int(rng.integers(6, 20))
+        prompt = int(rng.integers(0, 3 * block_size))
+        room = num_blocks * block_size - prompt
+        cases.append((block_size, rng.permutation(num_blocks).tolist(), prompt, int(rng.integers(1, room + 1))))
+    return cases
+
+
+@checker("append_token(block_table, num_tokens, free_blocks, block_size)")
+def check_append_token(append_token):
+    """Grow sequences one token at a time beside the engine's BlockManager: same slots, tables, free lists."""
+    from collections import deque
+
+    from minibatch.kv import BlockManager
+
+    count = 0
+    for block_size, order, prompt, new_tokens in _growth_cases():
+        manager = BlockManager(len(order), block_size)
+        manager.free_blocks = deque(order)
+        if prompt:
+            manager.allocate(0, prompt)
+        table, free = list(manager.block_tables.get(0, [])), deque(manager.free_blocks)
+        for num_tokens in range(prompt, prompt + new_tokens):
+            before = f"append_token({table}, {num_tokens}, deque({list(free)}), {block_size})"
+            manager.allocate(0, num_tokens + 1)
+            expected = (manager.slot(0, num_tokens), manager.block_tables[0], list(manager.free_blocks))
+            slot = append_token(table, num_tokens, free, block_size)
+            got = (slot, table, list(free))
+            assert same_value(got, expected), (
+                f"wrong answer\n  call:     {before}\n  expected: slot {expected[0]}, block_table {expected[1]}, "
+                f"free_blocks {expected[2]}\n  got:      slot {got[0]}, block_table {got[1]}, free_blocks {got[2]}")
+            count += 1
+    return count
+
+
+def _decode_case(seed, block_size, num_kv_heads, group, head_dim, context_len):
+    """Random caches with the sequence's blocks shuffled among spare ones, and one decode query."""
+    rng = np.random.default_rng(seed)
+    needed = -(-context_len // block_size)
+    num_blocks = needed + 3
+    table = rng.permutation(num_blocks)[:needed].tolist()
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+    query = (2 * rng.standard_normal((num_kv_heads * group, head_dim))).astype(np.float32)
+    return query, k_cache, v_cache, table, context_len, float(head_dim ** -0.5)
+
+
+def _reference_decode(query, k_cache, v_cache, block_table, context_len, scale):
+    """The torch reference backend on a batch of one decoding sequence; (Hq, D) numpy."""
+    from minibatch.kernels import AttentionMetadata, get_backend
+
+    meta = AttentionMetadata.build([1], [context_len], [block_table], "cpu")
+    out = get_backend("torch").attention(torch.from_numpy(query)[None], torch.from_numpy(k_cache),
+                                         torch.from_numpy(v_cache), meta, scale)
+    return out[0].numpy()
+
+
+@checker("paged_decode_attention(query, k_cache, v_cache, block_table, context_len, scale)")
+def check_paged_decode_attention(paged_decode_attention):
+    """One decoding sequence over a paged cache, against the torch reference backend (fp32, 1e-4)."""
+    shapes = [(4, 1, 1, 8, 1), (4, 1, 1, 8, 4), (4, 1, 1, 8, 6), (1, 2, 2, 8, 5), (16, 3, 3, 64, 37),
+              (8, 2, 4, 32, 64), (32, 1, 3, 16, 33), (16, 3, 3, 64, 200)]
+    cases = [Case(_decode_case(seed, *shape), None) for seed, shape in enumerate(shapes)]
+    cases = [Case(c.args, _reference_decode(*c.args)) for c in cases]
+    close = lambda got, want: (np.shape(got) == want.shape  # noqa: E731
+                               and np.allclose(np.asarray(got, dtype=np.float64), want, rtol=1e-4, atol=1e-4))
+    return check_cases(paged_decode_attention, cases, equal=close)
+
+
+# ---- chapter 04: throughput versus latency ---------------------------------------------------
+
+def _engine_timeout_rule(arrivals, now, max_batch_size, batch_timeout_s):
+    """(batch_ready(now), wake_time()) of the engine's own Scheduler with requests waiting since `arrivals`."""
+    from minibatch.config import EngineConfig, SamplingParams
+    from minibatch.kv import BlockManager
+    from minibatch.request import Request
+    from minibatch.schedulers import Scheduler
+
+    config = EngineConfig(model="tiny", max_batch_size=max_batch_size, batch_timeout_s=batch_timeout_s)
+    scheduler = Scheduler(config, BlockManager(1, 16))
+    for i, t in enumerate(arrivals):
+        scheduler.add(Request(i, [1], SamplingParams(), t))
+    return (scheduler.batch_ready(now) if arrivals else None), scheduler.wake_time()
+
+
+def _timeout_situations() -> list[tuple]:
+    """(arrivals, now, max_batch_size, batch_timeout_s): one per rule, then random ones."""
+    situations = [([0.0, 0.1, 0.2], 0.2, 3, 1.0),         # a full batch waits: start now
+                  ([0.0, 0.1, 0.2, 0.3], 0.3, 2, 5.0),    # more than a full batch
+                  ([0.0, 0.5], 0.7, 4, 1.0),              # not full, the oldest has waited 0.7 s of 1 s
+                  ([0.0, 0.5], 1.0, 4, 1.0),              # the oldest has waited exactly the timeout
+                  ([2.0, 2.5], 2.9, 8, 1.0),              # the clock is not at zero
+                  ([0.3], 0.3, 8, 0.0),                   # timeout 0: start at once
+                  ([0.7], 0.7 + 0.1, 8, 0.1)]             # the deadline itself, as a float: 0.7 + 0.1
+    rng = np.random.default_rng(4)
+    for _ in range(30):
+        arrivals = np.sort(rng.uniform(0, 3, int(rng.integers(1, 7)))).round(2).tolist()
+        timeout = float(rng.choice([0.0, 0.05, 0.1, 0.3, 0.7, 1.0]))
+        now = arrivals[0] + timeout if rng.random() < 0.4 else round(arrivals[-1] + float(rng.uniform(0, 1.2)), 2)
+        situations.append((arrivals, max(now, arrivals[-1]), int(rng.integers(1, 6)), timeout))
+    return situations
+
+
+def _serve_with_rule(scheduler: str, batch_ready=None, wake_time=None) -> list[tuple]:
+    """(first token time, finish time) per request of a simulated run of `tiny`, with the engine's
+    timeout rule, or with the given functions in its place."""
+    from minibatch.config import EngineConfig
+    from minibatch.distributions import Poisson, Uniform
+    from minibatch.llm import LLM
+    from minibatch.workload import make_workload
+
+    llm = LLM(EngineConfig(model="tiny", scheduler=scheduler, clock="simulated", sim_skip_model=True,
+                           max_batch_size=4, batch_timeout_s=0.3))
+    engine, sched = llm.engine, llm.engine.scheduler
+    if batch_ready is not None:
+        arrivals = lambda: [r.arrival_time for r in sched.waiting]
+        sched.batch_ready = lambda now: batch_ready(arrivals(), now, sched.max_batch_size, sched.batch_timeout_s)
+        sched.wake_time = lambda: wake_time(arrivals(), sched.batch_timeout_s)
+        sleep, naps = engine.clock.sleep_until, []
+
+        def guarded_sleep(t):           # an idle engine whose rule never fires would wait forever
+            naps.append(t)
+            assert len(naps) < 5000, (f"with your functions the idle engine never starts its batch: it woke at "
+                                      f"{t!r} and found batch_ready False again and again")
+            sleep(t)
+        engine.clock.sleep_until = guarded_sleep
+    llm.run(make_workload(30, arrival=Poisson(3.0), output_len=Uniform(2, 10), seed=4), use_tqdm=False)
+    return [(r.first_token_time, r.finish_time) for r in engine.requests.values()]
+
+
+@checker("batch_ready(arrivals, now, max_batch_size, batch_timeout_s) and wake_time(arrivals, batch_timeout_s)")
+def check_batch_timeout(batch_ready, wake_time):
+    situations = _timeout_situations()
+    count = check_cases(batch_ready, [Case(s, _engine_timeout_rule(*s)[0]) for s in situations])
+    wakes = [([], 0.5)] + [(s[0], s[3]) for s in situations[::3]]
+    count += check_cases(wake_time, [Case(w, _engine_timeout_rule(w[0], 0.0, 1, w[1])[1]) for w in wakes])
+    for scheduler in ("static", "continuous"):
+        expected, got = _serve_with_rule(scheduler), _serve_with_rule(scheduler, batch_ready, wake_time)
+        wrong = [i for i, (e, g) in enumerate(zip(expected, got)) if e != g]
+        assert not wrong, (f"serving a workload with scheduler={scheduler!r}, max_batch_size=4, batch_timeout_s=0.3 "
+                           f"and your rule, request {wrong[0]} got (first token, finish) at {got[wrong[0]]}; "
+                           f"the engine's rule gives {expected[wrong[0]]}")
+        count += 1
+    return count
+
+
+# ---- chapter 11: monitoring ------------------------------------------------------------------
+
+def _served_histograms() -> list[list[tuple[float, float]]]:
+    """Cumulative buckets of the TTFT, TPOT and e2e histograms of a simulated run of `tiny`."""
+    from minibatch.config import EngineConfig
+    from minibatch.distributions import Poisson, Uniform
+    from minibatch.llm import LLM
+    from minibatch.monitoring import exposition, histogram_buckets
+    from minibatch.workload import make_workload
+
+    llm = LLM(EngineConfig(model="tiny", clock="simulated", sim_skip_model=True, max_batch_size=8))
+    llm.run(make_workload(60, arrival=Poisson(20.0), output_len=Uniform(2, 40), seed=11), use_tqdm=False)
+    text = exposition(llm)
+    return [histogram_buckets(text, f"minibatch:{name}") for name in
+            ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds")]
+
+
+@checker("histogram_quantile(q, buckets)")
+def check_histogram_quantile(histogram_quantile):
+    from minibatch.monitoring import histogram_quantile as reference
+
+    inf = float("inf")
+    hand = [(0.1, 2.0), (0.5, 6.0), (1.0, 8.0), (inf, 10.0)]
+    cases = [Case((0.5, hand), 0.4),            # rank 5 lies in (0.1, 0.5]: 0.1 + 0.4 * (5 - 2) / (6 - 2)
+             Case((0.1, hand), 0.05),           # rank 1 in the first bucket, which starts at 0
+             Case((0.8, hand), 1.0),            # rank 8 is exactly the count up to 1.0
+             Case((0.99, hand), 1.0),           # rank 9.9 is in the +inf bucket: the highest finite bound
+             Case((0.5, [(1.0, 0.0), (2.0, 4.0), (inf, 4.0)]), 1.5)]   # an empty first bucket
+    cases += [Case((q, buckets), reference(q, buckets)) for buckets in _served_histograms() for q in (0.5, 0.9, 0.99)]
+    return check_cases(histogram_quantile, cases)

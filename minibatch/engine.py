@@ -16,6 +16,7 @@ from minibatch.config import ConfigError, EngineConfig, SamplingParams
 from minibatch.cuda_graphs import with_cuda_graphs
 from minibatch.kernels import get_backend
 from minibatch.kv import BlockManager, KVCache, blocks_for, kv_bytes_per_token
+from minibatch.memory import BlockTableRecorder
 from minibatch.metrics import StepRecord
 from minibatch.models import load_model
 from minibatch.models.llama import LlamaModel
@@ -67,6 +68,7 @@ class LLMEngine:
                                 self.model.num_kv_heads, self.model.head_dim, self.dtype,
                                 torch.device("meta") if skip_model else self.device)  # meta: sizes, no memory
         self.blocks = BlockManager(num_blocks, config.block_size, config.kv_layout, self.max_model_len)
+        self.block_recorder = BlockTableRecorder()                          # each step's block tables, for the KV-block map
         self.scheduler = make_scheduler(config, self.blocks)
         self.runner = sim.PlaceholderRunner() if skip_model else ModelRunner(
             self.model, self.kv_cache, self.blocks, self.backend, self.device)
@@ -167,7 +169,7 @@ class LLMEngine:
             queue_depth=len(self.scheduler.waiting), kv_blocks_used=self.blocks.num_used_blocks,
             kv_blocks_total=self.blocks.num_blocks, kv_tokens_stored=sum(self.blocks.tokens_stored.values()),
             idle_slots=self.config.max_batch_size - len(plan.seqs),
-            num_preempted=len(plan.preempted), slots=slots)
+            num_preempted=len(plan.preempted), slots=slots, block_tables=self.block_recorder.snapshot(self.blocks))
 
     def _update(self, plan: StepPlan, sampling: list[Request], outputs: list[list[int]], now: float) -> list[Request]:
         for seq in plan.seqs:

@@ -83,12 +83,11 @@ class LLM:
         """Serve requests arriving over time (arrival_s after the start) and report what happened."""
         if not workload or not all(isinstance(w, WorkloadRequest) for w in workload):
             raise ConfigError("workload is not allowed: pass a non-empty list of WorkloadRequest")
-        order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_s)
-        _, ids, params = self._encode_all([workload[i].prompt for i in order], [workload[i].params for i in order],
-                                          field="workload")
+        _, ids, params = self._encode_all([w.prompt for w in workload], [w.params for w in workload], field="workload")
         engine, clock = self.engine, self.engine.clock
         first_step, start = len(engine.step_records), clock.now()
-        pending = deque((start + workload[i].arrival_s, i, p) for i, p in zip(order, zip(ids, params)))
+        order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_s)
+        pending = deque((start + workload[i].arrival_s, i, (ids[i], params[i])) for i in order)
         requests: dict[int, Request] = {}
         with tqdm(total=len(workload), desc=f"run ({self.config.scheduler})", unit="req", disable=not use_tqdm) as bar:
             while pending or engine.has_unfinished():

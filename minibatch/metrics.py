@@ -53,6 +53,7 @@ class StepRecord:
     slots: dict = field(default_factory=dict)  # slot -> (request id, "prefill" | "decode" | "held")
     phase_times: dict = field(default_factory=dict)  # seconds per phase: schedule, prepare+forward, sample, update
     spec_outcomes: list = field(default_factory=list)  # speculative decoding: (drafted, accepted) per sequence with drafts
+    block_tables: dict = field(default_factory=dict)  # request id -> KVHolding(tokens, block ids) after scheduling: the KV-block map
 
     @property
     def duration(self) -> float:
@@ -116,6 +117,11 @@ class RunReport:
         """Median seconds per step part and the overhead share, for runs with EngineConfig(profile_steps=True)."""
         from minibatch.profiler import profile_summary   # imported here: the profiler module imports torch
         return profile_summary(self.steps, decode_only)
+
+    def memory(self, engine) -> dict:
+        """Reserved versus used KV bytes, waste, most sequences in the cache at once (see minibatch.memory)."""
+        from minibatch.memory import memory_report   # imported here: the memory module imports torch
+        return memory_report(self, engine)
 
     def to_dict(self) -> dict:
         return {"summary": self.summary(), "requests": [asdict(r) for r in self.requests],

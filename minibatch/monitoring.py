@@ -11,7 +11,8 @@ in one process never mix their numbers, and subscribes to the engine's step obse
 
 Made after the engine has already served requests, it first replays the steps recorded so far,
 so its counts are the engine's whole history. `exposition(engine)` returns the text a `/metrics`
-endpoint serves (with media type `CONTENT_TYPE`).
+endpoint serves (with media type `CONTENT_TYPE`). A dashboard reads a percentile off a histogram
+the way Prometheus' `histogram_quantile` does: `histogram_buckets` and `histogram_quantile` here.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import bisect
 import weakref
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from minibatch.metrics import StepRecord
 from minibatch.request import Request
@@ -155,3 +157,32 @@ def engine_metrics(engine) -> EngineMetrics:
 def exposition(engine) -> str:
     """The Prometheus text of an engine's (or an LLM's) metrics, for a /metrics endpoint."""
     return engine_metrics(engine).exposition()
+
+
+def histogram_buckets(text: str, name: str) -> list[tuple[float, float]]:
+    """[(upper bound, cumulative count), ...] of histogram `name` (e.g. "minibatch:time_to_first_token_seconds")
+    in an exposition text, by increasing bound, the last bound +inf."""
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            return sorted((float(s.labels["le"]), s.value) for s in family.samples if s.name == name + "_bucket")
+    raise KeyError(f"no histogram {name!r} in the exposition")
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """The q-quantile (0 < q <= 1) estimated from cumulative buckets, as Prometheus does: find the
+    bucket holding rank q * count and interpolate linearly inside it (the first bucket starts at 0);
+    a rank in the +inf bucket gives the highest finite bound; no observations give nan."""
+    if not 0 < q <= 1:
+        raise ValueError(f"q={q!r} is not allowed: a number in (0, 1], e.g. 0.99 for p99")
+    total = buckets[-1][1]
+    if total == 0:
+        return float("nan")
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = bound, count
+    return lower_bound

@@ -22,6 +22,8 @@ up to --shutdown-timeout seconds, ends the rest with an error, and exits with st
 """
 from __future__ import annotations
 
+import atexit
+import ctypes
 import os
 import signal
 import socket
@@ -135,6 +137,11 @@ class ServerThread:
         self.stop()
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec (Linux): get SIGTERM if the parent dies, even if it is killed."""
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)       # 1 = PR_SET_PDEATHSIG
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -155,7 +162,9 @@ class ServerProcess:
         command = [sys.executable, "-m", "minibatch", "serve", "--host", host, "--port", str(self.port), *flags]
         here = str(Path(__file__).resolve().parent.parent)    # run this very minibatch, installed or not
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        atexit.register(self.stop)        # never leave a server behind when this process ends
         self.wait_ready(ready_timeout_s)
 
     def output(self) -> str:

@@ -25,9 +25,21 @@ FREE_PROMPTS = ["Write a short story about a lighthouse keeper who finds a messa
                 "Describe your ideal weekend in a small mountain village."]
 
 
+TYPOS = {"council": "councel", "proposals": "propossals", "building": "bulding", "several": "severel",
+         "affordable": "afordable", "visitors": "visiters", "engineer": "enginer"}
+
+
+def edit_prompt() -> str:
+    """An editing task: correct the spelling of a shipped passage into which TYPOS were put."""
+    passage = load_prompts("summarise")[0].split("\n\n", 1)[1]
+    for right, wrong in TYPOS.items():
+        passage = passage.replace(right, wrong)
+    return "Correct the spelling mistakes in the text below and write the corrected text out in full.\n\n" + passage
+
+
 def grounded_prompts() -> list[str]:
-    """Shipped prompts whose answer draws on a text given in the prompt."""
-    return load_prompts("summarise") + load_prompts("extract")
+    """Prompts whose answer draws on a text given in the prompt: editing, summarising, extracting."""
+    return [edit_prompt()] + load_prompts("summarise") + load_prompts("extract")
 
 
 def compare_speculation(llms: dict, prompts: list, max_new_tokens: int = 64) -> list[dict]:
@@ -59,6 +71,21 @@ def compare_speculation(llms: dict, prompts: list, max_new_tokens: int = 64) -> 
                      "draft_tokens_per_step": spec.get("spec_draft_tokens_per_step", 0.0)})
     for row in rows:
         row["speedup"] = row["tok_s"] / rows[0]["tok_s"]
+    return rows
+
+
+def speedup_by_batch(plain, speculative, prompt, batch_sizes=(1, 4, 16), max_new_tokens: int = 48) -> list[dict]:
+    """Throughput of `speculative` against `plain` (two LLMs with room for the largest batch) when
+    batch_size copies of `prompt` are served together, for each batch size."""
+    params, rows = SamplingParams(max_new_tokens=max_new_tokens), []
+    for b in batch_sizes:
+        row = {"batch_size": b}
+        for name, llm in (("plain", plain), ("speculative", speculative)):
+            start = time.perf_counter()
+            outs = llm.generate([prompt] * b, params, use_tqdm=False)
+            row[f"{name}_tok_s"] = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
+        row["speedup"] = row["speculative_tok_s"] / row["plain_tok_s"]
+        rows.append(row)
     return rows
 
 

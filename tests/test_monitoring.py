@@ -3,7 +3,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest
-from minibatch.monitoring import EngineMetrics, engine_metrics, exposition
+from minibatch.monitoring import EngineMetrics, engine_metrics, exposition, histogram_buckets, histogram_quantile
 
 
 def samples(text: str) -> dict:
@@ -128,3 +128,31 @@ def test_names_are_vllms_with_our_prefix(served):
                       "time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
                       "request_queue_time_seconds", "request_prompt_tokens", "request_generation_tokens"):
         assert f"minibatch:{vllm_name}" in names
+
+
+INF = float("inf")
+
+
+@pytest.mark.parametrize("q, expected", [(0.5, 0.4), (0.1, 0.05), (0.8, 1.0), (0.99, 1.0), (1.0, 1.0)])
+def test_histogram_quantile_interpolates_like_prometheus(q, expected):
+    buckets = [(0.1, 2.0), (0.5, 6.0), (1.0, 8.0), (INF, 10.0)]
+    assert histogram_quantile(q, buckets) == pytest.approx(expected)
+
+
+def test_histogram_quantile_edges():
+    assert histogram_quantile(0.5, [(1.0, 0.0), (INF, 0.0)]) != histogram_quantile(0.5, [(1.0, 0.0), (INF, 0.0)])  # nan
+    with pytest.raises(ValueError, match="q=1.5"):
+        histogram_quantile(1.5, [(1.0, 1.0), (INF, 1.0)])
+
+
+def test_histogram_estimate_brackets_the_exact_percentile(served):
+    _, live, report = served
+    buckets = histogram_buckets(live.exposition(), "minibatch:e2e_request_latency_seconds")
+    assert buckets[-1] == (INF, len(report.requests))
+    estimate = histogram_quantile(0.5, buckets)
+    exact = sorted(r.e2e for r in report.requests)[len(report.requests) // 2 - 1]    # rank 3 of 6
+    bounds = [0.0] + [b for b, _ in buckets]
+    home = next(i for i in range(1, len(bounds)) if exact <= bounds[i])
+    assert bounds[home - 1] <= estimate <= bounds[home]
+    with pytest.raises(KeyError, match="minibatch:nothing"):
+        histogram_buckets(live.exposition(), "minibatch:nothing")

@@ -10,7 +10,9 @@ from hypothesis import given, strategies as st
 
 from minibatch import LLM, EngineConfig
 from minibatch.distributions import Poisson, Uniform
-from minibatch.viz import latency_cdf, load_over_time, pareto_rows, sla_map, step_series, throughput_latency
+from minibatch.viz import (budget_tradeoff, decode_token_waits, latency_cdf, load_over_time, pareto_rows, sla_map,
+                           step_durations, step_series, step_time_vs_tokens, step_tokens, throughput_latency)
+from minibatch.viz.phases import PREFILL_COLOUR
 from minibatch.workload import make_workload
 
 
@@ -130,3 +132,44 @@ def test_load_over_time_marks_preemptions():
     kv_axis = load_over_time(starved).axes[2]
     marks = [line for line in kv_axis.lines if line.get_label() == "preemption"][0]
     assert len(marks.get_xdata()) == len(preempting)
+
+
+def test_step_time_vs_tokens_plots_each_step():
+    report = simulated_run()
+    prefill = [s for s in report.steps if s.num_prefill_tokens][:4]
+    decode = [s for s in report.steps if not s.num_prefill_tokens][:4]
+    fig = step_time_vs_tokens({"prefill": prefill, "decode": decode})
+    left, right = fig.axes
+    tokens = sorted(step_tokens(s) for s in prefill)
+    np.testing.assert_allclose(left.lines[0].get_xdata(), tokens)
+    slowest = max(prefill, key=lambda s: (step_tokens(s), s.duration))
+    assert 1e3 * slowest.duration in left.lines[0].get_ydata()
+    np.testing.assert_allclose(right.lines[1].get_ydata(),
+                               [step_tokens(s) / s.duration for s in sorted(decode, key=step_tokens)])
+    with pytest.raises(ValueError, match="groups"):
+        step_time_vs_tokens({"empty": []})
+
+
+def test_step_durations_draws_a_bar_per_step_coloured_by_phase(report):
+    fig = step_durations({"a": report, "b": simulated_run(max_batch_size=1)})
+    bars = fig.axes[0].patches
+    assert len(bars) == len(report.steps)
+    for bar, step in zip(bars, report.steps):
+        assert bar.get_height() == pytest.approx(1e3 * step.duration)
+        assert bar.get_x() == pytest.approx(step.start - report.start_time)
+        assert (bar.get_facecolor() == matplotlib.colors.to_rgba(PREFILL_COLOUR)) == (step.num_prefill_tokens > 0)
+
+
+def test_decode_token_waits_is_one_entry_per_decode_token(report):
+    waits = decode_token_waits(report)
+    assert len(waits) == sum(s.num_decode_tokens for s in report.steps)
+    assert sorted(set(waits.tolist())) == sorted({s.duration for s in report.steps if s.num_decode_tokens})
+
+
+def test_budget_tradeoff_orders_runs_by_budget():
+    rows = [{"max_tokens_per_step": b, "p99_ttft_s": 10 / b, "p99_decode_wait_s": b / 100} for b in (512, 32, 128)]
+    ax = budget_tradeoff(rows).axes[0]
+    np.testing.assert_allclose(ax.lines[0].get_xdata(), [10 / 32, 10 / 128, 10 / 512])
+    assert [t.get_text() for t in ax.texts] == ["32", "128", "512"]
+    with pytest.raises(KeyError, match="p99_decode_wait_s"):
+        budget_tradeoff([{"max_tokens_per_step": 1, "p99_ttft_s": 1.0}])

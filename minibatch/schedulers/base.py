@@ -101,13 +101,15 @@ class Scheduler:
         if request in self.waiting:
             self.waiting.remove(request)
 
-    def lookahead(self, request: Request, todo: int, budget: int) -> int:
-        """Draft tokens a decoding request may verify this step: k, less near its length limits."""
-        if not self.num_speculative_tokens or todo != 1 or not request.output_token_ids:
+    def lookahead(self, request: Request, budget: int) -> int:
+        """Draft tokens a request may verify this step (speculative decoding): k while it decodes (only
+        its newest token is not cached yet), fewer near its length limits or the step's token budget."""
+        if not self.num_speculative_tokens or not request.output_token_ids or \
+                request.num_tokens - request.num_computed_tokens != 1:
             return 0
         tokens_left = request.params.max_new_tokens - len(request.output_token_ids) - 1  # after this step's own token
         room_left = self.blocks.max_model_len - request.num_tokens - 1
-        return max(0, min(self.num_speculative_tokens, budget - todo, tokens_left, room_left))
+        return max(0, min(self.num_speculative_tokens, budget - 1, tokens_left, room_left))
 
     def schedule(self, now: float) -> StepPlan:
         raise NotImplementedError

@@ -33,7 +33,7 @@ class ContinuousScheduler(Scheduler):
             while not self.blocks.can_allocate(request.request_id, target) and request in self.running:
                 self._preempt(self.running[-1], plan)
             if request in self.running:
-                lookahead = self.lookahead(request, todo, budget)   # 0 unless speculating; never preempts for it
+                lookahead = self.lookahead(request, budget)         # 0 unless speculating; never preempts for it
                 if not self.blocks.can_allocate(request.request_id, target + lookahead):
                     lookahead = 0
                 self.blocks.allocate(request.request_id, target + lookahead)

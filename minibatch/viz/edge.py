@@ -1,6 +1,11 @@
-"""One lane per request, from arrival to finish: how long it queued, waited for its first token,
-and spent generating. Under edge mode (a batch of one) the queue grows down the lanes; a server
-batching the same arrivals keeps the lanes short and overlapping.
+"""Pictures for one user on an edge device: edge mode against a server, and speculative decoding.
+
+- `request_lanes`: one lane per request, from arrival to finish: how long it queued, waited for its
+  first token, and spent generating. Under edge mode (a batch of one) the queue grows down the
+  lanes; a server batching the same arrivals keeps them short and overlapping.
+- `edge_vs_server`: the lanes of one mode beside the latencies and throughput of both.
+- `speculation_speedups`: tokens/s of each proposer over plain decoding, per task, with acceptance rates.
+- `speedup_vs_batch`: how the speed-up of speculative decoding fades as the batch grows.
 """
 from __future__ import annotations
 
@@ -46,4 +51,37 @@ def edge_vs_server(reports: Mapping[str, RunReport], current: str) -> Figure:
     right.set_xticks([j + width * (len(reports) - 1) / 2 for j in range(len(LATENCIES))], [n for _, n in LATENCIES])
     right.set(ylabel="seconds", title="latency (legend: throughput)")
     right.legend(fontsize=8)
+    return fig
+
+
+def speculation_speedups(results: Mapping[str, list[dict]]) -> Figure:
+    """Grouped bars: the speed-up over plain decoding of each engine (rows of
+    `minibatch.speculative_bench.compare_speculation`) for each task in `results` ({task: rows})."""
+    fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
+    engines = [r["engine"] for r in next(iter(results.values()))]
+    width = 0.8 / len(results)
+    for i, (task, rows) in enumerate(results.items()):
+        xs = [j + i * width for j in range(len(rows))]
+        bars = ax.bar(xs, [r["speedup"] for r in rows], width, label=task)
+        for bar, r in zip(bars, rows):
+            if r["acceptance_rate"] is not None:
+                ax.annotate(f"a={r['acceptance_rate']:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=8)
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xticks([j + width * (len(results) - 1) / 2 for j in range(len(engines))], engines)
+    ax.set(ylabel="speed-up over plain decoding", title="one user, greedy: tokens/s against plain (a: acceptance rate)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def speedup_vs_batch(rows: list[dict]) -> Figure:
+    """The speed-up of speculative decoding against the batch size (rows of `speedup_by_batch`)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.4), layout="constrained")
+    sizes = [r["batch_size"] for r in rows]
+    ax.plot(sizes, [r["speedup"] for r in rows], "o-")
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set(xlabel="batch size (sequences decoding together)", ylabel="speed-up (tokens/s)",
+           title="speculative decoding pays off for small batches")
     return fig

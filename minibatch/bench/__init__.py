@@ -1,0 +1,167 @@
+"""`python -m minibatch bench`: minibatch against its peers on the same model, workload and machine.
+
+    python -m minibatch bench --quick --out bench-results      # about a minute on a 2-core laptop
+    python -m minibatch bench --out bench-results              # the full run: much longer
+
+Four systems serve the same prompts with the same output lengths (`ignore_eos`, so each generates
+exactly the same tokens): minibatch with continuous batching, minibatch with static batching,
+transformers `generate()` on padded static batches, and transformers' own continuous batching.
+Before a system's time counts, its outputs are checked against the greedy reference (transformers
+`generate()` on each prompt alone). Then:
+
+1. offline: all requests at once, every system at every max batch size of a small sweep, runs
+   interleaved (A B C D, A B C D, ...), medians and min-max ranges; each system at its best size;
+2. online: the same requests arriving at several Poisson rates (throughput, p50/p99 TTFT and TPOT);
+3. the physical limit: this machine's memory bandwidth and peak FLOP/s, minibatch's decode step
+   at batch 1 and 64 as a share of the roofline bound, and the engine's overhead per step.
+
+Ratios against each peer and the goals met or missed are printed; `--out DIR` also writes
+bench.json (everything, with the machine it ran on) and bench.png. Timings depend on the machine
+and on whatever else it is running: the load average at the start is recorded with the results.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+import time
+
+import torch
+
+from minibatch.bench import measure, report, roofline
+from minibatch.bench.check import reference_outputs
+from minibatch.bench.peers import HFContinuous, HFGenerate
+from minibatch.bench.systems import Minibatch, RunResult, System
+from minibatch.bench.workloads import FULL, QUICK, BenchWorkload, Scale, offline_workload
+from minibatch.config import ConfigError, EngineConfig
+from minibatch.engine import resolve_device_dtype
+from minibatch.models import load_hf
+from minibatch.models.registry import resolve
+
+SYSTEM_NAMES = ("minibatch-continuous", "minibatch-static", "hf-generate", "hf-continuous")
+
+__all__ = ["SYSTEM_NAMES", "run_bench", "make_systems", "Scale", "QUICK", "FULL", "System", "RunResult", "BenchWorkload",
+           "add_arguments", "main"]
+
+
+def make_systems(model: str, hf_model, names=SYSTEM_NAMES, device: str = "auto",
+                 attention_backend: str = "torch") -> list[System]:
+    """Systems by name, all on `model` (a System passes through as it is); the transformers ones share hf_model."""
+    pad = hf_model.generation_config.pad_token_id or 0
+    build = {"minibatch-continuous": lambda: Minibatch(model, "continuous", device, attention_backend),
+             "minibatch-static": lambda: Minibatch(model, "static", device, attention_backend),
+             "hf-generate": lambda: HFGenerate(hf_model, pad), "hf-continuous": lambda: HFContinuous(hf_model)}
+    for name in names:
+        if not isinstance(name, System) and name not in build:
+            raise ConfigError(f"systems={name!r} is not allowed: choose from {', '.join(SYSTEM_NAMES)}")
+    return [n if isinstance(n, System) else build[n]() for n in names]
+
+
+def run_bench(model: str = "smollm2-135m", scale: Scale = QUICK, systems=SYSTEM_NAMES, rates=None,
+              online: bool = True, physical: bool = True, device: str = "auto", attention_backend: str = "torch",
+              seed: int = 0, use_tqdm: bool = True) -> dict:
+    """Run the benchmark and return its results (the bench.json dict). `systems` are names from
+    SYSTEM_NAMES or System objects; `rates` (requests/s) default to fractions of minibatch
+    continuous's offline request rate."""
+    device_used = resolve_device_dtype(EngineConfig(model="tiny", device=device, attention_backend=attention_backend))[0]
+    machine = roofline.machine()
+    hf_model, tokenizer = load_hf(model)
+    hf_model.to(device_used)
+    systems = make_systems(model, hf_model, systems, device, attention_backend)
+    workload = offline_workload(scale, tokenizer, hf_model.config.vocab_size, seed)
+    start = time.perf_counter()
+    reference = reference_outputs(hf_model, workload.prompts, workload.output_lens, use_tqdm)
+    settings = {**dataclasses.asdict(scale), "model": model, "device": str(device_used), "seed": seed,
+                "attention_backend": attention_backend,
+                "quick": scale == QUICK, "systems": [s.name for s in systems]}
+    results = {"schema": report.SCHEMA, "settings": settings, "machine": machine,
+               "workload": {"prompt_tokens": list(map(len, workload.prompts)), "output_lens": workload.output_lens,
+                            "output_tokens": workload.output_tokens, "reference_seconds": time.perf_counter() - start}}
+    results["offline"] = measure.run_offline(systems, workload, reference, scale.batch_sizes, scale.reps, use_tqdm)
+    results["online"] = None
+    if online:
+        results["online"] = _online(systems, results["offline"], workload, reference, scale, rates, seed, use_tqdm)
+    results["roofline"] = None
+    if physical:
+        results["roofline"] = roofline.measure(model, hf_model.config, (1, 64), scale.decode_steps, scale.gemm_size,
+                                               device, attention_backend)
+    results["goals"] = report.goals(results)
+    results["machine"]["load_average_1min_end"] = roofline.machine()["load_average_1min"]
+    return results
+
+
+def _online(systems, offline, workload, reference, scale, rates, seed, use_tqdm):
+    """Online runs: each serving system at its best offline batch size (static at continuous's)."""
+    serving = [s for s in systems if s.serves_online]
+    if not serving:
+        return None
+    found = offline["systems"]
+    best = {name: s["best_batch_size"] for name, s in found.items()}
+    if "minibatch-continuous" in best and "minibatch-static" in best:
+        best["minibatch-static"] = best["minibatch-continuous"]
+    if rates is None:
+        anchor = found.get("minibatch-continuous") or next(iter(found.values()))
+        row = next(r for r in anchor["by_batch_size"] if r["batch_size"] == anchor["best_batch_size"])
+        requests_per_s = row["tok_s"]["median"] / (workload.output_tokens / len(workload.prompts))
+        rates = [round(f * requests_per_s, 3) for f in scale.rate_fractions]
+    n = min(scale.online_requests, len(workload.prompts))
+    return measure.run_online(serving, workload.head(n), reference[:n], best, rates, scale.online_reps, seed, use_tqdm)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", default="smollm2-135m", help="registry name or folder (default: smollm2-135m)")
+    parser.add_argument("--quick", action="store_true", help="a small run of about a minute (few requests, short outputs)")
+    parser.add_argument("--out", default=None, help="write bench.json and bench.png into this folder")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable cores)")
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEM_NAMES), choices=SYSTEM_NAMES,
+                        help="systems to run (default: all four)")
+    parser.add_argument("--num-requests", type=int, default=None, help="requests in the offline workload")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="max batch sizes to sweep")
+    parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions of every run")
+    parser.add_argument("--rates", type=float, nargs="+", default=None,
+                        help="online arrival rates in requests/s (default: fractions of the measured capacity)")
+    parser.add_argument("--no-online", action="store_true", help="skip the online (Poisson) runs")
+    parser.add_argument("--no-roofline", action="store_true", help="skip the bandwidth, FLOP/s and overhead measurements")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda (transformers runs on the same device)")
+    parser.add_argument("--attention-backend", default="torch", help="minibatch's paged attention: torch, numba or numba-cuda")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the workload")
+
+
+def main(args) -> int:
+    try:
+        return _main(args)
+    except ConfigError as error:              # a bad flag: say which, no traceback
+        print(error, file=sys.stderr)
+        return 2
+
+
+def _main(args) -> int:
+    scale = QUICK if args.quick else FULL
+    changes = {"num_requests": args.num_requests, "reps": args.reps,
+               "batch_sizes": tuple(args.batch_sizes) if args.batch_sizes else None}
+    for name, value in changes.items():
+        if value is not None:
+            if any(v < 1 for v in (value if isinstance(value, tuple) else (value,))):
+                raise ConfigError(f"--{name.replace('_', '-')}={value} is not allowed: integers >= 1")
+            scale = dataclasses.replace(scale, **{name: value})
+    if args.rates is not None and not all(r > 0 for r in args.rates):
+        raise ConfigError(f"--rates={args.rates} is not allowed: requests per second > 0")
+    threads = len(os.sched_getaffinity(0)) if args.threads is None else args.threads
+    if threads < 1:
+        raise ConfigError(f"--threads={threads} is not allowed: an integer >= 1")
+    try:
+        resolve(args.model)
+    except ValueError as error:
+        raise ConfigError(f"--model: {error}") from None
+    torch.set_num_threads(threads)
+    results = run_bench(args.model, scale, args.systems, args.rates, not args.no_online, not args.no_roofline,
+                        args.device, args.attention_backend, args.seed)
+    results["command"] = "python -m minibatch " + " ".join(map(shlex.quote, sys.argv[1:]))
+    print(report.text(results))
+    if args.out:
+        for path in report.write(results, args.out):
+            print(f"wrote {path}")
+    else:
+        print("(pass --out DIR to keep bench.json and bench.png)")
+    return 0

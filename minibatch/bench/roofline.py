@@ -1,0 +1,160 @@
+"""The physical limit: how fast this machine could possibly decode, and how close minibatch gets.
+
+A decode step must read every weight once and every cached key and value of the batch, and must
+do 2 FLOPs per weight per sequence (plus the attention products). So its time is at least
+
+    bytes moved / memory bandwidth      (the memory bound: what limits small batches)
+    FLOPs / peak FLOP/s                 (the compute bound: what limits large batches)
+
+Both peaks are measured here, on this machine: bandwidth as the speed of copying a tensor much
+larger than the CPU's caches, peak FLOP/s as the speed of a large fp32 matrix product. The bytes
+and FLOPs of a step come from `minibatch.costmodel` (the roofline cost model, with the measured
+peaks, full efficiency and no overhead). Also measured: the engine's own time per step, outside
+the model's forward pass (scheduling, input preparation, sampling, bookkeeping).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+import transformers
+
+from minibatch.config import EngineConfig, SamplingParams
+from minibatch.costmodel import ModelSize, RooflineCostModel, StepShape
+from minibatch.kv import blocks_for
+from minibatch.llm import LLM
+from minibatch.profiler import profile_decode
+
+COPY_BYTES = 256 << 20   # size of the copied tensor: far larger than any CPU cache
+PROMPT_TOKENS = 32       # prompt length of each sequence in the decode measurements
+OVERHEAD_BATCH = 32      # batch size at which the engine's overhead share is measured
+
+
+def machine() -> dict:
+    """What the benchmark ran on."""
+    cpu = platform.processor() or platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
+            "torch_threads": torch.get_num_threads(), "gpu": gpu, "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "load_average_1min": os.getloadavg()[0]}
+
+
+def _best_time(fn, repeats: int) -> float:
+    fn()                                              # warm-up: page faults, thread pool start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)                                 # the machine's speed when nothing interfered
+
+
+def memory_bandwidth(num_bytes: int = COPY_BYTES, repeats: int = 5) -> float:
+    """Bytes per second of a large tensor copy (each byte read once and written once)."""
+    src = torch.ones(num_bytes // 4)                  # (N,) fp32
+    dst = torch.empty_like(src)
+    return 2 * num_bytes / _best_time(lambda: dst.copy_(src), repeats)
+
+
+def peak_flops(n: int = 2048, repeats: int = 3) -> float:
+    """FLOP/s of an n x n x n fp32 matrix product (2 n^3 FLOPs)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)       # (n, n) each
+    return 2 * n ** 3 / _best_time(lambda: torch.mm(a, b), repeats)
+
+
+def decode_records(llm: LLM, batch_size: int, steps: int) -> list:
+    """The decode-only step records of batch_size sequences generating steps + 1 tokens together."""
+    vocab = llm.engine.model.vocab_size
+    prompts = [[(97 * i + 31 * j) % (vocab - 16) + 8 for j in range(PROMPT_TOKENS)] for i in range(batch_size)]
+    first = len(llm.engine.step_records)
+    llm.generate(prompts, SamplingParams(max_new_tokens=steps + 1, ignore_eos=True), use_tqdm=False)
+    records = [s for s in llm.engine.step_records[first:] if s.num_prefill_tokens == 0 and s.batch_size == batch_size]
+    if not records:
+        raise RuntimeError(f"no decode step ran all {batch_size} sequences together: raise max_tokens_per_step")
+    return records
+
+
+def step_parts(cost: RooflineCostModel, batch: int, context: int) -> dict:
+    """Seconds of a decode step of `batch` sequences holding `context` tokens each: its fixed overhead,
+    its memory time and compute time (at the model's efficiency) and the step the cost model charges."""
+    shape = StepShape(decode_seqs=batch, kv_tokens_read=batch * context, context_tokens=batch * context,
+                      sampled_rows=batch)
+    memory = replace(cost, peak_flops=float("inf"), overhead_s=0.0).step_time(shape)
+    compute = replace(cost, memory_bandwidth=float("inf"), overhead_s=0.0).step_time(shape)
+    return {"overhead_s": cost.overhead_s, "memory_s": memory, "compute_s": compute, "step_s": cost.step_time(shape)}
+
+
+def saturating_batch(cost: RooflineCostModel, context: int, limit: int = 16384) -> int | None:
+    """The smallest batch whose decode step is compute-bound: past it, a bigger batch no longer comes
+    for free. None if the KV reads keep it memory-bound up to `limit`."""
+    for batch in range(1, limit + 1):
+        parts = step_parts(cost, batch, context)
+        if parts["compute_s"] >= parts["memory_s"]:
+            return batch
+    return None
+
+
+def balance(cost: RooflineCostModel, context: int) -> dict:
+    """What sets a model's serving speed on a machine: per-token work, bytes, the saturating batch and
+    the share of a step that is overhead, at batch 1 and at the saturating batch."""
+    size, value = cost.size, cost.bytes_per_value
+    one, batch = step_parts(cost, 1, context), saturating_batch(cost, context)
+    full = step_parts(cost, batch, context) if batch else None
+    return {"weight_bytes": (size.body_params + size.lm_head_params) * value,
+            "flops_per_token": 2 * (size.body_params + size.lm_head_params),
+            "kv_bytes_per_token": size.kv_values_per_token * value, "step_batch1_s": one["step_s"],
+            "saturating_batch": batch, "overhead_share_batch1": one["overhead_s"] / one["step_s"],
+            "overhead_share_saturated": full and full["overhead_s"] / full["step_s"]}
+
+
+def bounds(size: ModelSize, bytes_per_value: int, flops: float, bandwidth: float, batch: int, context: int) -> dict:
+    """Seconds a decode step of `batch` sequences holding `context` cached tokens in all needs, at least."""
+    parts = step_parts(RooflineCostModel(flops, bandwidth, 0.0, bytes_per_value, 1.0, size), batch, context // batch)
+    return {"memory_bound_s": parts["memory_s"], "compute_bound_s": parts["compute_s"],
+            "bound_s": max(parts["memory_s"], parts["compute_s"])}
+
+
+def measure(model: str, model_config, batch_sizes=(1, 64), steps: int = 8, gemm_size: int = 2048,
+            device: str = "auto", attention_backend: str = "torch") -> dict:
+    """Peak bandwidth and FLOP/s, minibatch's decode step at each batch size against its bounds, and
+    the engine's overhead share at OVERHEAD_BATCH. model_config is the model's Hugging Face config."""
+    bandwidth, flops = memory_bandwidth(), peak_flops(gemm_size)
+    most = max(*batch_sizes, OVERHEAD_BATCH)
+    max_len = PROMPT_TOKENS + steps + 2
+    config = dict(model=model, device=device, attention_backend=attention_backend, max_batch_size=most,
+                  max_model_len=max_len, block_size=16, num_kv_blocks=most * blocks_for(max_len, 16),
+                  max_tokens_per_step=most * PROMPT_TOKENS)     # every prompt in one step: then all decode together
+    llm = LLM(EngineConfig(**config))
+    decode_records(llm, 1, 2)                                                   # warm-up
+    size, value_bytes = ModelSize.of(model_config), llm.engine.kv_cache.k[0].element_size()
+    decode = []
+    for batch in batch_sizes:
+        records = decode_records(llm, batch, steps)
+        step_s = float(np.median([r.duration for r in records]))
+        context = int(np.median([r.kv_tokens_stored for r in records]))
+        b = bounds(size, value_bytes, flops, bandwidth, batch, context)
+        decode.append({"batch_size": batch, "step_s": step_s, "context_tokens": context, **b,
+                       "fraction_of_memory_bound": b["memory_bound_s"] / step_s, "fraction_of_bound": b["bound_s"] / step_s})
+    records = decode_records(llm, OVERHEAD_BATCH, steps)
+    phases = {k: float(np.median([r.phase_times[k] for r in records])) for k in ("schedule", "model", "sample", "update")}
+    del llm
+    profiled = LLM(EngineConfig(**config, profile_steps=True))
+    profile_decode(profiled, 1, 2, PROMPT_TOKENS)                               # warm-up
+    profile = profile_decode(profiled, OVERHEAD_BATCH, steps, PROMPT_TOKENS)
+    parts = profile["parts"]
+    engine = parts["schedule"] + parts["prepare"] + parts["sample"] + parts["update"]
+    overhead = {"batch_size": OVERHEAD_BATCH, "phases_s": phases,
+                "outside_model_share": 1 - phases["model"] / sum(phases.values()),
+                "profile_parts_s": parts, "engine_share": engine / profile["step_s"],
+                "profiler_overhead_share": profile["overhead_share"]}
+    return {"memory_bandwidth_Bps": bandwidth, "peak_flops": flops, "gemm_size": gemm_size,
+            "weight_bytes": (size.body_params + size.lm_head_params) * value_bytes,
+            "kv_bytes_per_token": size.kv_values_per_token * value_bytes, "decode": decode, "overhead": overhead}

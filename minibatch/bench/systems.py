@@ -1,0 +1,100 @@
+"""The systems the benchmark compares, behind one small interface; minibatch's own two live here.
+
+A system is prepared for a max batch size (it builds its engine and warms it up, untimed), then
+serves a workload offline (all requests at once) or online (requests arriving over time) and
+returns a `RunResult`: the tokens of every request, in workload order, and the wall time from the
+first request handed over to the last token out. Its peers from transformers are in `peers.py`.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+
+from minibatch.config import EngineConfig, SamplingParams
+from minibatch.kv import blocks_for
+from minibatch.llm import LLM
+from minibatch.metrics import RunReport
+from minibatch.workload import WorkloadRequest
+
+BLOCK_SIZE = 16   # KV block (page) size in tokens for every paged system, minibatch's default
+
+
+@dataclass
+class RunResult:
+    outputs: list                  # list[list[int]]: generated tokens per request, in workload order
+    seconds: float                 # first request handed over -> last token out
+    report: RunReport | None = None  # per-request latencies (online runs)
+    steps: list = field(default_factory=list)  # minibatch's StepRecords of the run (empty for the peers)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(map(len, self.outputs))
+
+    @property
+    def tok_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+class System:
+    """One way of serving the model. Subclasses set `name` and `label` and implement the methods."""
+
+    name = "?"
+    label = "?"
+    serves_online = True           # False: measured offline only
+
+    def prepare(self, batch_size: int, max_len: int) -> None:
+        """Build (and warm up) whatever serves at this max batch size; max_len is the longest prompt + output."""
+        raise NotImplementedError
+
+    def offline(self, prompts: list, output_lens: list) -> RunResult:
+        raise NotImplementedError
+
+    def online(self, prompts: list, output_lens: list, arrivals: list) -> RunResult:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Drop what prepare built, so the next batch size starts from free memory."""
+
+
+class Minibatch(System):
+    """minibatch's LLM with one scheduler; the KV pool holds every slot's longest request, so nothing is preempted."""
+
+    serves_online = True
+
+    def __init__(self, model: str, scheduler: str, device: str = "auto", attention_backend: str = "torch"):
+        self.model, self.scheduler, self.device, self.backend = model, scheduler, device, attention_backend
+        self.name, self.label = f"minibatch-{scheduler}", f"minibatch {scheduler}"
+        self.llm: LLM | None = None
+
+    def config(self, batch_size: int, max_len: int) -> EngineConfig:
+        return EngineConfig(model=self.model, device=self.device, scheduler=self.scheduler, max_batch_size=batch_size,
+                            attention_backend=self.backend, block_size=BLOCK_SIZE, max_model_len=max_len,
+                            num_kv_blocks=batch_size * blocks_for(max_len, BLOCK_SIZE))
+
+    def prepare(self, batch_size: int, max_len: int) -> None:
+        self.release()
+        self.llm = LLM(self.config(batch_size, max(max_len, 8)))
+        self.llm.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
+
+    @staticmethod
+    def params(n: int) -> SamplingParams:
+        return SamplingParams(max_new_tokens=int(n), ignore_eos=True)
+
+    def offline(self, prompts, output_lens) -> RunResult:
+        first = len(self.llm.engine.step_records)
+        start = time.perf_counter()
+        outs = self.llm.generate(list(prompts), [self.params(n) for n in output_lens], use_tqdm=False)
+        seconds = time.perf_counter() - start
+        return RunResult([o.token_ids for o in outs], seconds, steps=self.llm.engine.step_records[first:])
+
+    def online(self, prompts, output_lens, arrivals) -> RunResult:
+        workload = [WorkloadRequest(a, list(p), self.params(n)) for p, n, a in zip(prompts, output_lens, arrivals)]
+        report = self.llm.run(workload, use_tqdm=False)
+        outputs = [list(self.llm.engine.requests[r.request_id].output_token_ids) for r in report.requests]
+        return RunResult(outputs, report.duration, report=report, steps=report.steps)
+
+    def release(self) -> None:
+        if self.llm is not None:
+            self.llm = None
+            gc.collect()

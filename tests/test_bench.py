@@ -1,0 +1,179 @@
+"""The benchmark: outputs checked against the greedy reference before time counts, a wrong system
+rejected, runs interleaved, the results' JSON shape, the roofline arithmetic. No timing is asserted."""
+import json
+
+import pytest
+
+from minibatch.__main__ import main as cli
+from minibatch.bench import SYSTEM_NAMES, Scale, report, roofline, run_bench
+from minibatch.bench.check import compare
+from minibatch.bench.peers import HFGenerate
+from minibatch.bench.systems import Minibatch
+from minibatch.bench.workloads import offline_workload
+
+SMALL = Scale(num_requests=4, prompt_median=8, output_mean=4, output_cap=8, batch_sizes=(2, 4), reps=2,
+              online_requests=3, online_reps=2, rate_fractions=(1.0,), decode_steps=2, gemm_size=64)
+
+
+def corrupt(outputs):
+    """One token changed in the first request, the last request one token short: plausible-looking but wrong."""
+    outputs[0] = [outputs[0][0] + 1] + outputs[0][1:]
+    outputs[-1] = outputs[-1][:-1]
+    return outputs
+
+
+class WrongMinibatch(Minibatch):
+    """minibatch continuous, with corrupted outputs: it must be rejected."""
+
+    def __init__(self, name="wrong"):
+        super().__init__("tiny", "continuous")
+        self.name = self.label = name
+
+    def offline(self, prompts, output_lens):
+        result = super().offline(prompts, output_lens)
+        result.outputs = corrupt(result.outputs)
+        return result
+
+    def online(self, prompts, output_lens, arrivals):
+        result = super().online(prompts, output_lens, arrivals)
+        result.outputs = corrupt(result.outputs)
+        return result
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_bench("tiny", SMALL, systems=[*SYSTEM_NAMES, WrongMinibatch()], physical=False, use_tqdm=False)
+
+
+def test_real_systems_match_the_reference_and_the_wrong_one_is_rejected(results):
+    systems = results["offline"]["systems"]
+    for name in SYSTEM_NAMES:
+        assert systems[name]["verified"], (name, systems[name]["match"])
+        assert systems[name]["match"]["requests_equal"] == SMALL.num_requests * SMALL.reps * len(SMALL.batch_sizes)
+    wrong = systems["wrong"]
+    runs = SMALL.reps * len(SMALL.batch_sizes)
+    assert not wrong["verified"]
+    assert wrong["match"]["requests_equal"] == (SMALL.num_requests - 2) * runs
+    assert wrong["match"]["first_mismatch"] == 0
+    assert 0 < wrong["match"]["token_rate"] < 1
+    online = results["online"]["systems"]
+    assert not online["wrong"]["verified"]
+    assert all(online[n]["verified"] for n in ("minibatch-continuous", "minibatch-static", "hf-continuous"))
+    assert "hf-generate" not in online                          # padded batches are measured offline only
+
+
+def test_every_system_generates_exactly_the_drawn_lengths(results):
+    lens = results["workload"]["output_lens"]
+    assert results["workload"]["output_tokens"] == sum(lens)
+    assert len(lens) == SMALL.num_requests and max(lens) <= SMALL.output_cap
+
+
+def test_runs_are_interleaved(results):
+    names = results["settings"]["systems"]
+    order = results["offline"]["order"]
+    assert len(order) == len(SMALL.batch_sizes) * SMALL.reps * len(names)
+    expected = [(bs, rep, n) for bs in SMALL.batch_sizes for rep in range(SMALL.reps) for n in names]  # A B C, A B C
+    assert [(o["batch_size"], o["rep"], o["system"]) for o in order] == expected
+    online = results["online"]
+    serving = list(online["systems"])
+    assert [(o["rate"], o["rep"], o["system"]) for o in online["order"]] == \
+        [(r, rep, n) for r in online["rates"] for rep in range(SMALL.online_reps) for n in serving]
+
+
+def test_results_schema(results, tmp_path):
+    assert results["schema"] == report.SCHEMA
+    loaded = json.loads(json.dumps(results))                    # plain JSON all the way down
+    assert {"settings", "machine", "workload", "offline", "online", "roofline", "goals"} <= set(loaded)
+    assert {"cpu", "cores", "usable_cores", "torch_threads", "load_average_1min"} <= set(loaded["machine"])
+    for system in loaded["offline"]["systems"].values():
+        assert system["best_batch_size"] in SMALL.batch_sizes
+        for row in system["by_batch_size"]:
+            tok_s = row["tok_s"]
+            assert len(tok_s["samples"]) == SMALL.reps
+            assert tok_s["min"] <= tok_s["median"] <= tok_s["max"]
+        best = max(system["by_batch_size"], key=lambda r: r["tok_s"]["median"])
+        assert best["batch_size"] == system["best_batch_size"]
+    for system in loaded["online"]["systems"].values():
+        assert [row["rate"] for row in system["by_rate"]] == loaded["online"]["rates"]
+        assert all(len(row["p99_ttft_s"]["samples"]) == SMALL.online_reps for row in system["by_rate"])
+    assert loaded["settings"]["batch_sizes"] == list(SMALL.batch_sizes)
+    paths = report.write(results, tmp_path)
+    assert json.loads(paths[0].read_text())["offline"] == loaded["offline"] and paths[1].stat().st_size > 0
+    assert "UNVERIFIED" in report.text(results)
+
+
+def test_ratios_and_goals_follow_the_medians(results):
+    systems = results["offline"]["systems"]
+    by_pair = {(r["a"], r["b"]): r for r in report.ratios(results["offline"])}
+    r = by_pair[("minibatch-continuous", "minibatch-static")]
+    assert r["batch_size_b"] == r["batch_size_a"] == systems["minibatch-continuous"]["best_batch_size"]
+    cont = next(x for x in systems["minibatch-continuous"]["by_batch_size"] if x["batch_size"] == r["batch_size_a"])
+    static = next(x for x in systems["minibatch-static"]["by_batch_size"] if x["batch_size"] == r["batch_size_a"])
+    assert r["value"] == pytest.approx(cont["tok_s"]["median"] / static["tok_s"]["median"])
+    goal = next(g for g in results["goals"] if "minibatch static" in g["goal"])
+    assert goal["measured"] == pytest.approx(r["value"]) and goal["met"] == (r["value"] >= 2.0)
+    assert all(g["met"] is None for g in results["goals"] if "bandwidth" in g["goal"] or "overhead" in g["goal"])
+
+
+def test_goals_are_not_judged_against_a_rejected_peer():
+    class WrongGenerate(HFGenerate):
+        def offline(self, prompts, output_lens):
+            result = super().offline(prompts, output_lens)
+            result.outputs = corrupt(result.outputs)
+            return result
+
+    from minibatch.models import load_hf
+    hf, _ = load_hf("tiny")
+    scale = Scale(**{**SMALL.__dict__, "batch_sizes": (2,), "reps": 1})
+    out = run_bench("tiny", scale, systems=["minibatch-continuous", WrongGenerate(hf, 0)], online=False,
+                    physical=False, use_tqdm=False)
+    assert not out["offline"]["systems"]["hf-generate"]["verified"]
+    (r,) = report.ratios(out["offline"])
+    assert r["b"] == "hf-generate" and r["verified"] is False
+    goal = next(g for g in out["goals"] if "padded generate" in g["goal"])
+    assert goal["met"] is None and goal["measured"] == pytest.approx(r["value"])
+
+
+def test_compare_counts_requests_and_agreeing_prefixes():
+    ref = [[1, 2, 3], [4, 5], [6]]
+    assert compare(ref, ref).exact and compare(ref, ref).token_rate == 1.0
+    m = compare([[1, 9, 3], [4, 5]], ref)                       # a changed token, a missing request
+    assert (m.requests_equal, m.tokens_agreeing, m.first_mismatch) == (1, 3, 0)
+    m = compare([[1, 2, 3], [4, 5], [6, 7]], ref)               # one token too many is wrong too
+    assert not m.exact and m.first_mismatch == 2
+
+
+def test_offline_workload_shape(tiny_hf):
+    model, tokenizer = tiny_hf
+    w = offline_workload(SMALL, tokenizer, model.config.vocab_size, seed=3)
+    again = offline_workload(SMALL, tokenizer, model.config.vocab_size, seed=3)
+    assert w == again                                            # a seed fixes the workload
+    assert all(1 <= n <= SMALL.output_cap for n in w.output_lens)
+    assert w.max_len == max(len(p) + n for p, n in zip(w.prompts, w.output_lens))
+    no_tokenizer = offline_workload(SMALL, None, model.config.vocab_size, seed=3)
+    assert all(8 <= t < model.config.vocab_size for p in no_tokenizer.prompts for t in p)
+
+
+def test_roofline_arithmetic(tiny_hf):
+    model, _ = tiny_hf
+    roof = roofline.measure("tiny", model.config, batch_sizes=(1, 4), steps=2, gemm_size=64)
+    assert roof["weight_bytes"] == 4 * sum(p.numel() for p in model.parameters())   # fp32, tied LM head counted once
+    c = model.config
+    assert roof["kv_bytes_per_token"] == 4 * 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim
+    one, four = roof["decode"]
+    assert four["compute_bound_s"] > 3 * one["compute_bound_s"]
+    assert four["memory_bound_s"] > one["memory_bound_s"]
+    for d in (one, four):
+        assert d["bound_s"] == max(d["memory_bound_s"], d["compute_bound_s"])
+        assert d["fraction_of_bound"] == pytest.approx(d["bound_s"] / d["step_s"])
+    o = roof["overhead"]
+    assert 0 < o["engine_share"] < 1 and set(o["phases_s"]) == {"schedule", "model", "sample", "update"}
+
+
+def test_bad_flags_are_refused_before_any_work(capsys):
+    assert cli(["bench", "--model", "tiny", "--rates", "0"]) == 2
+    assert "--rates" in capsys.readouterr().err
+    assert cli(["bench", "--model", "no-such-model"]) == 2
+    assert "no-such-model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["bench", "--systems", "vllm"])
