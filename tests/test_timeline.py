@@ -116,7 +116,7 @@ def test_scrubber_redraws_up_to_the_chosen_step(reports):
     assert panel.image.value[:4] == b"\x89PNG" and panel.caption.value.startswith("step 16:")
     panel.step.value = 3
     assert len(panel.figure.axes[0].lines) == 1           # the cursor at step 3
-    assert panel.caption.value.startswith("step 2: 2 sequences computing (0 prefill, 2 decode; 2 tokens), 1 slots held")
+    assert panel.caption.value.startswith("step 2: 2 sequences computing (0 prefill, 2 decode; 2 tokens), 1 slot held")
     panel.run.value = "continuous"
     assert panel.step.max == panel.step.value == len(reports["continuous"].steps)
     assert not any(p.get_hatch() == "xx" for p in bars(panel.figure))

@@ -119,7 +119,8 @@ def slot_timeline(report, x: str = "step", upto: int | None = None, ax=None, tit
         ax.barh(run.slot, run.x1 - run.x0, left=run.x0, height=0.8, color=request_colour(run.request_id),
                 alpha=ALPHA[run.phase], hatch=HATCH[run.phase], edgecolor=EDGE[run.phase], linewidth=0.5)
         if label_requests and run.phase != "held" and run.x1 - run.x0 >= 0.04 * x_max:
-            ax.text((run.x0 + run.x1) / 2, run.slot, str(run.request_id), ha="center", va="center", fontsize=7)
+            ax.text((run.x0 + run.x1) / 2, run.slot, str(run.request_id), ha="center", va="center", fontsize=7,
+                    clip_on=True)
     if upto is not None and upto < len(steps):
         ax.axvline(_columns(report, upto, x)[0], color="black", linewidth=1)
     ax.set_facecolor(IDLE_COLOUR)

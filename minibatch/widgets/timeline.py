@@ -18,10 +18,14 @@ def describe_step(report, index: int) -> str:
     phases = [phase for _, phase in step.slots.values()]
     held, computing = phases.count("held"), step.batch_size
     idle = report.max_batch_size - computing - held
-    return (f"step {index}: {computing} sequences computing ({phases.count('prefill')} prefill, "
-            f"{phases.count('decode')} decode; {step.num_prefill_tokens + step.num_decode_tokens} tokens), "
-            f"{held} slots held, {idle} idle, {step.queue_depth} requests waiting; "
-            f"{1000 * step.duration:.0f} ms")
+    tokens = step.num_prefill_tokens + step.num_decode_tokens
+    return (f"step {index}: {_count(computing, 'sequence')} computing ({phases.count('prefill')} prefill, "
+            f"{phases.count('decode')} decode; {_count(tokens, 'token')}), {_count(held, 'slot')} held, "
+            f"{idle} idle, {_count(step.queue_depth, 'request')} waiting; {1000 * step.duration:.0f} ms")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 class TimelineScrubber(widgets.VBox):
