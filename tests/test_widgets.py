@@ -48,10 +48,10 @@ def test_batching_panel_batch_size_moves_throughput_and_the_table(panel):
 
 def test_batching_panel_timeout_delays_a_lone_request(panel):
     panel.scheduler_choice.value = "static"
-    panel.rate_slider.value = 0.5            # requests arrive alone
-    waited = panel.summary["p50_queue_time_s"]
+    panel.rate_slider.value = 0.5            # the first request arrives alone, long before a batch of 4 could
+    assert panel.report.requests[0].queue_time == 0.0
     panel.timeout_slider.value = 0.5
-    assert panel.summary["p50_queue_time_s"] == pytest.approx(waited + 0.5, abs=0.2)
+    assert panel.report.requests[0].queue_time == pytest.approx(0.5)
     assert panel.history[-1]["batch_timeout_s"] == 0.5 and "static" in panel.metrics.value
 
 
@@ -67,7 +67,7 @@ SPACE = {"max_batch_size": (1, 4, 16), "batch_timeout_s": (0.0, 0.5), "max_token
 
 
 def test_tuner_panel_meets_a_loose_sla_and_follows_its_sliders():
-    tuner = TunerPanel(model="tiny", num_requests=24, output_len=Fixed(16), rate=4.0, ttft_s=2.0, tpot_s=0.3,
+    tuner = TunerPanel(model="tiny", num_requests=24, output_len=Fixed(16), rate=0.5, ttft_s=2.0, tpot_s=0.3,
                        space=SPACE)
     assert tuner.result.best.result["sla_met"] and "meets the SLA" in tuner.metrics.value
     assert tuner.image.value[:4] == b"\x89PNG"
@@ -80,7 +80,7 @@ def test_tuner_panel_meets_a_loose_sla_and_follows_its_sliders():
 
 
 def test_tuner_panel_front_is_undominated():
-    tuner = TunerPanel(model="tiny", num_requests=24, output_len=Fixed(16), rate=8.0, space=SPACE)
+    tuner = TunerPanel(model="tiny", num_requests=24, output_len=Fixed(16), rate=3.0, space=SPACE)
     key, front = tuner.result.latency_key, tuner.result.pareto
     full = [t for t in tuner.result.trials if t.num_requests == 24]
     for t in front:
@@ -134,5 +134,5 @@ def test_chunking_panel_trades_the_long_requests_ttft_for_the_decoders_waits():
     assert chunked["max_decode_wait_s"] < whole["max_decode_wait_s"] / 2
     assert chunked["long_ttft_s"] > whole["long_ttft_s"]
     assert max(s.num_prefill_tokens + s.num_decode_tokens for s in panel.report.steps) <= 64
-    panel.prompt_slider.value = 1024
-    assert panel.numbers["long_ttft_s"] > chunked["long_ttft_s"] and "1024" in panel.metrics.value
+    panel.prompt_slider.value = 768                              # tiny's context is 1024 tokens
+    assert panel.numbers["long_ttft_s"] > chunked["long_ttft_s"] and "768" in panel.metrics.value

@@ -32,7 +32,7 @@ class BatchingPanel(widgets.VBox):
     """Sliders for the batching knobs over a simulated run; `report`, `summary` and `history` hold the results."""
 
     def __init__(self, model: str = "smollm2-135m", num_requests: int = 48, output_len=Uniform(16, 48),
-                 rate: float = 4.0, scheduler: str = "continuous", max_batch_size: int = 8,
+                 rate: float = 1.0, scheduler: str = "continuous", max_batch_size: int = 8,
                  batch_timeout_s: float = 0.0, sim_profile: str | None = None, seed: int = 0):
         self.model, self.num_requests, self.output_len, self.seed = model, num_requests, output_len, seed
         self.sim_profile = sim_profile or EngineConfig.sim_profile
@@ -43,7 +43,7 @@ class BatchingPanel(widgets.VBox):
         self.timeout_slider = widgets.FloatSlider(value=batch_timeout_s, min=0.0, max=2.0, step=0.05,
                                                   description="batch timeout (s)", readout_format=".2f",
                                                   continuous_update=False, style=STYLE)
-        self.rate_slider = widgets.FloatSlider(value=rate, min=0.5, max=20.0, step=0.5,
+        self.rate_slider = widgets.FloatSlider(value=rate, min=0.1, max=8.0, step=0.1,
                                                description="arrival rate (req/s)", continuous_update=False, style=STYLE)
         self.metrics = widgets.HTML()
         self.image = widgets.Image(format="png")

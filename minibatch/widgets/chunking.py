@@ -63,7 +63,7 @@ class ChunkingPanel(widgets.VBox):
         config = EngineConfig(model=self.model, max_tokens_per_step=self.budget_slider.value, clock="simulated",
                               sim_skip_model=True, sim_profile=self.sim_profile)
         llm = LLM(config)
-        ids = [100 + i % 5000 for i in range(self.prompt_slider.value)]   # placeholder ids: no model runs
+        ids = [3 + i % 200 for i in range(self.prompt_slider.value)]   # placeholder ids (no model runs), valid in any vocabulary
         self.report = llm.run(stall_workload(ids, self.prompt_slider.value), use_tqdm=False)
         self.numbers = stall_numbers(self.report)
         self.metrics.value = (f"<b>simulated clock ({self.sim_profile})</b>" + html_table(

@@ -32,17 +32,17 @@ class TunerPanel(widgets.VBox):
     """Sliders for the load and the SLA, a tune button; `result` holds the last `TuneResult`."""
 
     def __init__(self, model: str = "smollm2-135m", num_requests: int = 80, output_len=Uniform(16, 48),
-                 rate: float = 2.0, ttft_s: float = 1.0, tpot_s: float = 0.15, percentile: float = 99.0,
+                 rate: float = 0.5, ttft_s: float = 2.0, tpot_s: float = 0.25, percentile: float = 99.0,
                  space: dict | None = None, sim_profile: str | None = None, seed: int = 0, tune_now: bool = True):
         self.model, self.num_requests, self.output_len, self.seed = model, num_requests, output_len, seed
         self.percentile, self.space = percentile, space or PANEL_SPACE
         self.sim_profile = sim_profile or EngineConfig.sim_profile
-        self.rate_slider = widgets.FloatSlider(value=rate, min=0.5, max=10.0, step=0.5,
+        self.rate_slider = widgets.FloatSlider(value=rate, min=0.1, max=4.0, step=0.1,
                                                description="arrival rate (req/s)", continuous_update=False, style=STYLE)
         self.ttft_slider = widgets.FloatSlider(value=ttft_s, min=0.1, max=5.0, step=0.1,
                                                description=f"p{percentile:g} TTFT limit (s)", continuous_update=False,
                                                style=STYLE)
-        self.tpot_slider = widgets.FloatSlider(value=tpot_s, min=0.02, max=0.5, step=0.01,
+        self.tpot_slider = widgets.FloatSlider(value=tpot_s, min=0.02, max=1.0, step=0.01,
                                                description=f"p{percentile:g} TPOT limit (s)", continuous_update=False,
                                                style=STYLE)
         self.tune_button = widgets.Button(description="tune", button_style="primary")
