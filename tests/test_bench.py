@@ -6,13 +6,14 @@ import pytest
 
 from minibatch.__main__ import main as cli
 from minibatch.bench import SYSTEM_NAMES, Scale, report, roofline, run_bench
-from minibatch.bench.check import compare
-from minibatch.bench.peers import HFGenerate
+from minibatch.bench.check import compare, reference_outputs
+from minibatch.bench.peers import HFContinuous, HFGenerate
 from minibatch.bench.systems import Minibatch
 from minibatch.bench.workloads import offline_workload
 
 SMALL = Scale(num_requests=4, prompt_median=8, output_mean=4, output_cap=8, batch_sizes=(2, 4), reps=2,
-              online_requests=3, online_reps=2, rate_fractions=(1.0,), decode_steps=2, gemm_size=64)
+              online_requests=3, online_reps=2, rate_fractions=(1.0,), decode_steps=2, decode_prompt=8,
+              gemm_size=64)
 
 
 def corrupt(outputs):
@@ -134,6 +135,18 @@ def test_goals_are_not_judged_against_a_rejected_peer():
     assert goal["met"] is None and goal["measured"] == pytest.approx(r["value"])
 
 
+def test_reference_and_peers_run_past_the_models_own_eos():
+    from minibatch.models import load_hf
+    hf, _ = load_hf("tiny")
+    prompt = [5, 6, 7, 8, 9]
+    free = reference_outputs(hf, [prompt], [8], use_tqdm=False)[0]
+    hf.generation_config.eos_token_id = [free[2]]              # the model now "ends" after its third token
+    assert reference_outputs(hf, [prompt], [8], use_tqdm=False)[0] == free
+    for peer in (HFGenerate(hf, 0), HFContinuous(hf)):
+        peer.prepare(2, 16)
+        assert peer.offline([prompt, [1, 2]], [8, 3]).outputs[0] == free, peer.name
+
+
 def test_compare_counts_requests_and_agreeing_prefixes():
     ref = [[1, 2, 3], [4, 5], [6]]
     assert compare(ref, ref).exact and compare(ref, ref).token_rate == 1.0
@@ -156,7 +169,7 @@ def test_offline_workload_shape(tiny_hf):
 
 def test_roofline_arithmetic(tiny_hf):
     model, _ = tiny_hf
-    roof = roofline.measure("tiny", model.config, batch_sizes=(1, 4), steps=2, gemm_size=64)
+    roof = roofline.measure("tiny", model.config, batch_sizes=(1, 4), steps=2, prompt_tokens=8, gemm_size=64)
     assert roof["weight_bytes"] == 4 * sum(p.numel() for p in model.parameters())   # fp32, tied LM head counted once
     c = model.config
     assert roof["kv_bytes_per_token"] == 4 * 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim

@@ -41,8 +41,8 @@ from minibatch.models.registry import resolve
 
 SYSTEM_NAMES = ("minibatch-continuous", "minibatch-static", "hf-generate", "hf-continuous")
 
-__all__ = ["SYSTEM_NAMES", "run_bench", "make_systems", "Scale", "QUICK", "FULL", "System", "RunResult", "BenchWorkload",
-           "add_arguments", "main"]
+__all__ = ["SYSTEM_NAMES", "run_bench", "make_systems", "Scale", "QUICK", "FULL", "System", "RunResult",
+           "BenchWorkload", "add_arguments", "main"]
 
 
 def make_systems(model: str, hf_model, names=SYSTEM_NAMES, device: str = "auto",
@@ -64,7 +64,8 @@ def run_bench(model: str = "smollm2-135m", scale: Scale = QUICK, systems=SYSTEM_
     """Run the benchmark and return its results (the bench.json dict). `systems` are names from
     SYSTEM_NAMES or System objects; `rates` (requests/s) default to fractions of minibatch
     continuous's offline request rate."""
-    device_used = resolve_device_dtype(EngineConfig(model="tiny", device=device, attention_backend=attention_backend))[0]
+    probe = EngineConfig(model="tiny", device=device, attention_backend=attention_backend)   # validates both fields
+    device_used, _ = resolve_device_dtype(probe)
     machine = roofline.machine()
     hf_model, tokenizer = load_hf(model)
     hf_model.to(device_used)
@@ -73,8 +74,7 @@ def run_bench(model: str = "smollm2-135m", scale: Scale = QUICK, systems=SYSTEM_
     start = time.perf_counter()
     reference = reference_outputs(hf_model, workload.prompts, workload.output_lens, use_tqdm)
     settings = {**dataclasses.asdict(scale), "model": model, "device": str(device_used), "seed": seed,
-                "attention_backend": attention_backend,
-                "quick": scale == QUICK, "systems": [s.name for s in systems]}
+                "attention_backend": attention_backend, "systems": [s.name for s in systems]}
     results = {"schema": report.SCHEMA, "settings": settings, "machine": machine,
                "workload": {"prompt_tokens": list(map(len, workload.prompts)), "output_lens": workload.output_lens,
                             "output_tokens": workload.output_tokens, "reference_seconds": time.perf_counter() - start}}
@@ -84,8 +84,8 @@ def run_bench(model: str = "smollm2-135m", scale: Scale = QUICK, systems=SYSTEM_
         results["online"] = _online(systems, results["offline"], workload, reference, scale, rates, seed, use_tqdm)
     results["roofline"] = None
     if physical:
-        results["roofline"] = roofline.measure(model, hf_model.config, (1, 64), scale.decode_steps, scale.gemm_size,
-                                               device, attention_backend)
+        results["roofline"] = roofline.measure(model, hf_model.config, (1, 64), scale.decode_steps,
+                                               scale.decode_prompt, scale.gemm_size, device, attention_backend)
     results["goals"] = report.goals(results)
     results["machine"]["load_average_1min_end"] = roofline.machine()["load_average_1min"]
     return results
@@ -104,14 +104,16 @@ def _online(systems, offline, workload, reference, scale, rates, seed, use_tqdm)
         anchor = found.get("minibatch-continuous") or next(iter(found.values()))
         row = next(r for r in anchor["by_batch_size"] if r["batch_size"] == anchor["best_batch_size"])
         requests_per_s = row["tok_s"]["median"] / (workload.output_tokens / len(workload.prompts))
-        rates = [round(f * requests_per_s, 3) for f in scale.rate_fractions]
+        rates = [f * requests_per_s for f in scale.rate_fractions]
     n = min(scale.online_requests, len(workload.prompts))
-    return measure.run_online(serving, workload.head(n), reference[:n], best, rates, scale.online_reps, seed, use_tqdm)
+    return measure.run_online(serving, workload.head(n), reference[:n], best, rates, scale.online_reps, seed,
+                              use_tqdm)
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", default="smollm2-135m", help="registry name or folder (default: smollm2-135m)")
-    parser.add_argument("--quick", action="store_true", help="a small run of about a minute (few requests, short outputs)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a small run of about a minute (few requests, short outputs, one batch size)")
     parser.add_argument("--out", default=None, help="write bench.json and bench.png into this folder")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable cores)")
     parser.add_argument("--systems", nargs="+", default=list(SYSTEM_NAMES), choices=SYSTEM_NAMES,
@@ -122,9 +124,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rates", type=float, nargs="+", default=None,
                         help="online arrival rates in requests/s (default: fractions of the measured capacity)")
     parser.add_argument("--no-online", action="store_true", help="skip the online (Poisson) runs")
-    parser.add_argument("--no-roofline", action="store_true", help="skip the bandwidth, FLOP/s and overhead measurements")
+    parser.add_argument("--no-roofline", action="store_true",
+                        help="skip the bandwidth, FLOP/s and overhead measurements")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda (transformers runs on the same device)")
-    parser.add_argument("--attention-backend", default="torch", help="minibatch's paged attention: torch, numba or numba-cuda")
+    parser.add_argument("--attention-backend", default="torch",
+                        help="minibatch's paged attention: torch, numba or numba-cuda (default: torch)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload")
 
 
@@ -157,6 +161,7 @@ def _main(args) -> int:
     torch.set_num_threads(threads)
     results = run_bench(args.model, scale, args.systems, args.rates, not args.no_online, not args.no_roofline,
                         args.device, args.attention_backend, args.seed)
+    results["settings"]["preset"] = "quick" if args.quick else "full"
     results["command"] = "python -m minibatch " + " ".join(map(shlex.quote, sys.argv[1:]))
     print(report.text(results))
     if args.out:

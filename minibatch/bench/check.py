@@ -7,20 +7,17 @@ its time is still printed, with how much of its output matched, but no goal is j
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass
 
 import torch
 from tqdm.auto import tqdm
 
 
-def greedy_config(hf_model, max_new_tokens: int):
-    """A GenerationConfig for greedy decoding that never stops early at an end-of-sequence token."""
-    config = copy.deepcopy(hf_model.generation_config)
-    config.do_sample, config.max_new_tokens, config.min_new_tokens = False, max_new_tokens, None
-    config.eos_token_id = None                     # generate exactly max_new_tokens, EOS or not
-    config.temperature = config.top_p = config.top_k = None
-    return config
+def greedy_kwargs(max_new_tokens: int) -> dict:
+    """generate() keywords for greedy decoding of exactly max_new_tokens tokens, EOS or not. Keywords,
+    not a GenerationConfig: generate() fills a config's unset fields from the model's own defaults,
+    which would bring its end-of-sequence token back; a keyword set to None stays None."""
+    return {"do_sample": False, "max_new_tokens": max_new_tokens, "min_new_tokens": None, "eos_token_id": None}
 
 
 @torch.inference_mode()
@@ -29,7 +26,7 @@ def reference_outputs(hf_model, prompts: list, output_lens: list, use_tqdm: bool
     outputs = []
     for prompt, n in tqdm(list(zip(prompts, output_lens)), desc="greedy reference", unit="req", disable=not use_tqdm):
         ids = torch.tensor([prompt], device=hf_model.device)
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=greedy_config(hf_model, n))
+        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), **greedy_kwargs(n))
         outputs.append(out[0, len(prompt):].tolist())
     return outputs
 

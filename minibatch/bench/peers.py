@@ -15,9 +15,10 @@ import math
 import time
 
 import torch
+from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from minibatch.bench.check import greedy_config
+from minibatch.bench.check import greedy_kwargs
 from minibatch.bench.systems import BLOCK_SIZE, RunResult, System
 from minibatch.metrics import RequestMetrics, RunReport
 
@@ -44,10 +45,8 @@ class HFGenerate(System):
         for row, p in enumerate(prompts):
             ids[row, width - len(p):] = torch.tensor(p)
             mask[row, width - len(p):] = 1
-        config = greedy_config(self.model, max(lens))
-        config.pad_token_id = self.pad
         out = self.model.generate(ids.to(self.model.device), attention_mask=mask.to(self.model.device),
-                                  generation_config=config)                          # (B, width + max(lens))
+                                  pad_token_id=self.pad, **greedy_kwargs(max(lens)))  # (B, width + max(lens))
         return [out[row, width:width + n].tolist() for row, n in enumerate(lens)]
 
     def offline(self, prompts, output_lens) -> RunResult:
@@ -76,8 +75,8 @@ class HFContinuous(System):
     def _serve(self, prompts, output_lens, arrivals, timestamps: bool):
         """Add each request at its arrival time (seconds after the start) and wait for all; returns
         (results in workload order, start time on perf_counter)."""
-        config = greedy_config(self.model, max(output_lens))
-        config.eos_token_id = -1                                         # its way of saying: no EOS
+        config = GenerationConfig(do_sample=False, max_new_tokens=max(output_lens),
+                                  eos_token_id=-1, pad_token_id=self.model.generation_config.pad_token_id)  # -1: no EOS
         with self.model.continuous_batching_context_manager(generation_config=config, block=True, timeout=WAIT_S,
                                                             continuous_batching_config=self.config) as manager:
             start = time.perf_counter()
@@ -89,7 +88,8 @@ class HFContinuous(System):
             while len(results) < len(prompts):
                 result = manager.get_result(timeout=WAIT_S)
                 if result is None or result.error is not None:
-                    raise RuntimeError(f"transformers continuous batching failed: {result.error if result else 'stuck'}")
+                    why = result.error if result else f"no result within {WAIT_S:.0f} s"
+                    raise RuntimeError(f"transformers continuous batching failed: {why}")
                 if result.is_finished():
                     results[result.request_id] = result
         return [results[f"r{i}"] for i in range(len(prompts))], start

@@ -48,21 +48,27 @@ def _goal(name: str, measured, target: float, at_least: bool, verified: bool = T
     return {"goal": name, "target": target, "measured": measured, "met": met, "note": note}
 
 
+GOALS = [  # (system a, system b, target ratio of tokens/s, what is claimed)
+    (CONT, GENERATE, 3.0, "continuous >= 3x padded generate() tokens/s (each at its best batch size)"),
+    (CONT, HF_CONT, 1.5, "continuous >= 1.5x transformers continuous batching (each at its best)"),
+    (CONT, STATIC, 2.0, "continuous >= 2x minibatch static at the same max batch size"),
+]
+
+
 def goals(results: dict) -> list[dict]:
     """The issue's goals, judged on what this run measured (None where it was not measured)."""
     found = {(r["a"], r["b"]): r for r in ratios(results["offline"])}
     out = []
-    for (a, b), target, name in [((CONT, GENERATE), 3.0, "continuous >= 3x padded generate() tokens/s (each at its best batch size)"),
-                                 ((CONT, HF_CONT), 1.5, "continuous >= 1.5x transformers continuous batching (each at its best)"),
-                                 ((CONT, STATIC), 2.0, "continuous >= 2x minibatch static at the same max batch size")]:
+    for a, b, target, name in GOALS:
         r = found.get((a, b))
         out.append(_goal(name, r and r["value"], target, True, r is None or r["verified"]))
     roof = results.get("roofline")
     one = next((d for d in roof["decode"] if d["batch_size"] == 1), None) if roof else None
-    out.append(_goal("batch-1 decode >= 60% of the memory-bandwidth bound", one and one["fraction_of_memory_bound"], 0.6, True))
-    share = roof and roof["overhead"]["engine_share"]
-    out.append(_goal(f"engine overhead < 5% of a decode step at batch {roof['overhead']['batch_size'] if roof else 32}",
-                     share, 0.05, False))
+    out.append(_goal("batch-1 decode >= 60% of the memory-bandwidth bound",
+                     one and one["fraction_of_memory_bound"], 0.6, True))
+    batch = roof["overhead"]["batch_size"] if roof else 32
+    out.append(_goal(f"engine overhead < 5% of a decode step at batch {batch}",
+                     roof and roof["overhead"]["engine_share"], 0.05, False))
     return out
 
 
@@ -76,9 +82,10 @@ def _fmt(s: dict, scale: float = 1.0, digits: int = 0) -> str:
 def text(results: dict) -> str:
     """The whole report as printed text."""
     st, m, off = results["settings"], results["machine"], results["offline"]
-    lines = [f"minibatch bench: {st['model']}, {st['num_requests']} requests (prompt median {st['prompt_median']} tokens, "
-             f"outputs exponential mean {st['output_mean']} cap {st['output_cap']}; {results['workload']['output_tokens']} "
-             f"output tokens), {st['reps']} interleaved reps" + (" [quick]" if st["quick"] else ""),
+    lines = [f"minibatch bench: {st['model']}, {st['num_requests']} requests (prompt median {st['prompt_median']} "
+             f"tokens, outputs exponential mean {st['output_mean']} cap {st['output_cap']}; "
+             f"{results['workload']['output_tokens']} output tokens), {st['reps']} interleaved reps"
+             + (f" [{st['preset']}]" if st.get("preset") else ""),
              f"machine: {m['cpu']}, {m['usable_cores']} cores, torch threads {m['torch_threads']}, "
              f"device {st['device']}; load average {m['load_average_1min']:.1f} at start",
              "", "offline: output tokens/s, median [min-max]"]
@@ -86,8 +93,9 @@ def text(results: dict) -> str:
     lines.append(f"{'system':<24}" + "".join(f"{'batch ' + str(b):>22}" for b in sizes) + "   best  outputs")
     for name, s in off["systems"].items():
         cells = "".join(f"{_fmt(_row(s, b)['tok_s'], digits=1):>22}" for b in sizes)
-        check = "verified" if s["verified"] else f"UNVERIFIED: {s['match']['requests_equal']}/{s['match']['requests']} " \
-                f"requests equal, {s['match']['token_rate']:.1%} tokens agree"
+        match = s["match"]
+        check = "verified" if s["verified"] else (f"UNVERIFIED: {match['requests_equal']}/{match['requests']} "
+                                                  f"requests equal, {match['token_rate']:.1%} tokens agree")
         lines.append(f"{name:<24}{cells}{s['best_batch_size']:>7}  {check}")
     lines += ["", "ratios of tokens/s:"]
     for r in ratios(off):
@@ -95,25 +103,30 @@ def text(results: dict) -> str:
         lines.append(f"  {r['a']} (batch {r['batch_size_a']}) / {r['b']} (batch {r['batch_size_b']}): "
                      f"{r['value']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]{mark}")
     if results.get("online"):
-        on = results["online"]
-        lines += ["", "online (Poisson arrivals): tok/s, TTFT and TPOT in ms, median [min-max]",
-                  f"{'rate req/s':>10}  {'system':<22}{'tok/s':>20}{'p50 TTFT':>22}{'p99 TTFT':>22}{'p50 TPOT':>20}{'p99 TPOT':>20}"]
-        for i, rate in enumerate(on["rates"]):
-            for name, s in on["systems"].items():
-                row = s["by_rate"][i]
-                lines.append(f"{rate:>10.2f}  {name:<22}{_fmt(row['throughput_tok_s'], 1, 1):>20}"
-                             f"{_fmt(row['p50_ttft_s'], 1e3):>22}{_fmt(row['p99_ttft_s'], 1e3):>22}"
-                             f"{_fmt(row['p50_tpot_s'], 1e3, 1):>20}{_fmt(row['p99_tpot_s'], 1e3, 1):>20}")
-        bad = [n for n, s in on["systems"].items() if not s["verified"]]
-        lines.append(f"  online outputs: {'all verified' if not bad else 'UNVERIFIED: ' + ', '.join(bad)}")
+        lines += ["", *online_lines(results["online"])]
     if results.get("roofline"):
         lines += ["", *roofline_lines(results["roofline"])]
     lines += ["", "goals:"]
     for g in results["goals"]:
         verdict = {True: "MET", False: "MISSED", None: "NOT JUDGED"}[g["met"]]
         value = "-" if g["measured"] is None else f"{g['measured']:.3g}"
-        lines.append(f"  [{verdict}] {g['goal']}: measured {value}{'  (' + g['note'] + ')' if g['note'] else ''}")
+        lines.append(f"  [{verdict}] {g['goal']}: measured {value}" + (f"  ({g['note']})" if g["note"] else ""))
     return "\n".join(lines)
+
+
+def online_lines(on: dict) -> list[str]:
+    head = ["online (Poisson arrivals): tok/s, TTFT and TPOT in ms, median [min-max]",
+            f"{'rate req/s':>10}  {'system':<22}{'tok/s':>20}{'p50 TTFT':>22}{'p99 TTFT':>22}"
+            f"{'p50 TPOT':>20}{'p99 TPOT':>20}"]
+    rows = []
+    for i, rate in enumerate(on["rates"]):
+        for name, s in on["systems"].items():
+            row = s["by_rate"][i]
+            rows.append(f"{rate:>10.2f}  {name:<22}{_fmt(row['throughput_tok_s'], 1, 1):>20}"
+                        f"{_fmt(row['p50_ttft_s'], 1e3):>22}{_fmt(row['p99_ttft_s'], 1e3):>22}"
+                        f"{_fmt(row['p50_tpot_s'], 1e3, 1):>20}{_fmt(row['p99_tpot_s'], 1e3, 1):>20}")
+    bad = [n for n, s in on["systems"].items() if not s["verified"]]
+    return head + rows + [f"  online outputs: {'all verified' if not bad else 'UNVERIFIED: ' + ', '.join(bad)}"]
 
 
 def roofline_lines(roof: dict) -> list[str]:
@@ -128,8 +141,8 @@ def roofline_lines(roof: dict) -> list[str]:
     o = roof["overhead"]
     parts = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in o["profile_parts_s"].items() if v)
     lines.append(f"  engine overhead at batch {o['batch_size']}: {o['engine_share']:.1%} of a decode step "
-                 f"(schedule + prepare + sample + update); with Python between layers {o['profiler_overhead_share']:.1%}; "
-                 f"outside runner.execute {o['outside_model_share']:.1%}")
+                 f"(schedule + prepare + sample + update); with Python between layers "
+                 f"{o['profiler_overhead_share']:.1%}; outside runner.execute {o['outside_model_share']:.1%}")
     lines.append(f"  profiled parts (ms): {parts}")
     return lines
 

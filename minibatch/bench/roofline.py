@@ -30,7 +30,6 @@ from minibatch.llm import LLM
 from minibatch.profiler import profile_decode
 
 COPY_BYTES = 256 << 20   # size of the copied tensor: far larger than any CPU cache
-PROMPT_TOKENS = 32       # prompt length of each sequence in the decode measurements
 OVERHEAD_BATCH = 32      # batch size at which the engine's overhead share is measured
 
 
@@ -70,10 +69,10 @@ def peak_flops(n: int = 2048, repeats: int = 3) -> float:
     return 2 * n ** 3 / _best_time(lambda: torch.mm(a, b), repeats)
 
 
-def decode_records(llm: LLM, batch_size: int, steps: int) -> list:
-    """The decode-only step records of batch_size sequences generating steps + 1 tokens together."""
+def decode_records(llm: LLM, batch_size: int, steps: int, prompt_tokens: int) -> list:
+    """The decode-only step records of batch_size sequences of prompt_tokens generating steps + 1 tokens together."""
     vocab = llm.engine.model.vocab_size
-    prompts = [[(97 * i + 31 * j) % (vocab - 16) + 8 for j in range(PROMPT_TOKENS)] for i in range(batch_size)]
+    prompts = [[(97 * i + 31 * j) % (vocab - 16) + 8 for j in range(prompt_tokens)] for i in range(batch_size)]
     first = len(llm.engine.step_records)
     llm.generate(prompts, SamplingParams(max_new_tokens=steps + 1, ignore_eos=True), use_tqdm=False)
     records = [s for s in llm.engine.step_records[first:] if s.num_prefill_tokens == 0 and s.batch_size == batch_size]
@@ -85,8 +84,8 @@ def decode_records(llm: LLM, batch_size: int, steps: int) -> list:
 def step_parts(cost: RooflineCostModel, batch: int, context: int) -> dict:
     """Seconds of a decode step of `batch` sequences holding `context` tokens each: its fixed overhead,
     its memory time and compute time (at the model's efficiency) and the step the cost model charges."""
-    shape = StepShape(decode_seqs=batch, kv_tokens_read=batch * context, context_tokens=batch * context,
-                      sampled_rows=batch)
+    shape = StepShape(decode_seqs=batch, kv_tokens_read=batch * context, attention_pairs=batch * context,
+                      sampled_rows=batch)                      # each new token reads and attends to its whole context
     memory = replace(cost, peak_flops=float("inf"), overhead_s=0.0).step_time(shape)
     compute = replace(cost, memory_bandwidth=float("inf"), overhead_s=0.0).step_time(shape)
     return {"overhead_s": cost.overhead_s, "memory_s": memory, "compute_s": compute, "step_s": cost.step_time(shape)}
@@ -122,33 +121,35 @@ def bounds(size: ModelSize, bytes_per_value: int, flops: float, bandwidth: float
             "bound_s": max(parts["memory_s"], parts["compute_s"])}
 
 
-def measure(model: str, model_config, batch_sizes=(1, 64), steps: int = 8, gemm_size: int = 2048,
-            device: str = "auto", attention_backend: str = "torch") -> dict:
+def measure(model: str, model_config, batch_sizes=(1, 64), steps: int = 8, prompt_tokens: int = 32,
+            gemm_size: int = 2048, device: str = "auto", attention_backend: str = "torch") -> dict:
     """Peak bandwidth and FLOP/s, minibatch's decode step at each batch size against its bounds, and
     the engine's overhead share at OVERHEAD_BATCH. model_config is the model's Hugging Face config."""
     bandwidth, flops = memory_bandwidth(), peak_flops(gemm_size)
     most = max(*batch_sizes, OVERHEAD_BATCH)
-    max_len = PROMPT_TOKENS + steps + 2
+    max_len = prompt_tokens + steps + 2
     config = dict(model=model, device=device, attention_backend=attention_backend, max_batch_size=most,
                   max_model_len=max_len, block_size=16, num_kv_blocks=most * blocks_for(max_len, 16),
-                  max_tokens_per_step=most * PROMPT_TOKENS)     # every prompt in one step: then all decode together
+                  max_tokens_per_step=most * prompt_tokens)     # every prompt in one step: then all decode together
     llm = LLM(EngineConfig(**config))
-    decode_records(llm, 1, 2)                                                   # warm-up
+    decode_records(llm, 1, 2, prompt_tokens)                                    # warm-up
     size, value_bytes = ModelSize.of(model_config), llm.engine.kv_cache.k[0].element_size()
     decode = []
     for batch in batch_sizes:
-        records = decode_records(llm, batch, steps)
+        records = decode_records(llm, batch, steps, prompt_tokens)
         step_s = float(np.median([r.duration for r in records]))
         context = int(np.median([r.kv_tokens_stored for r in records]))
         b = bounds(size, value_bytes, flops, bandwidth, batch, context)
         decode.append({"batch_size": batch, "step_s": step_s, "context_tokens": context, **b,
-                       "fraction_of_memory_bound": b["memory_bound_s"] / step_s, "fraction_of_bound": b["bound_s"] / step_s})
-    records = decode_records(llm, OVERHEAD_BATCH, steps)
-    phases = {k: float(np.median([r.phase_times[k] for r in records])) for k in ("schedule", "model", "sample", "update")}
+                       "fraction_of_memory_bound": b["memory_bound_s"] / step_s,
+                       "fraction_of_bound": b["bound_s"] / step_s})
+    records = decode_records(llm, OVERHEAD_BATCH, steps, prompt_tokens)
+    phases = {k: float(np.median([r.phase_times[k] for r in records]))
+              for k in ("schedule", "model", "sample", "update")}
     del llm
     profiled = LLM(EngineConfig(**config, profile_steps=True))
-    profile_decode(profiled, 1, 2, PROMPT_TOKENS)                               # warm-up
-    profile = profile_decode(profiled, OVERHEAD_BATCH, steps, PROMPT_TOKENS)
+    profile_decode(profiled, 1, 2, prompt_tokens)                               # warm-up
+    profile = profile_decode(profiled, OVERHEAD_BATCH, steps, prompt_tokens)
     parts = profile["parts"]
     engine = parts["schedule"] + parts["prepare"] + parts["sample"] + parts["update"]
     overhead = {"batch_size": OVERHEAD_BATCH, "phases_s": phases,

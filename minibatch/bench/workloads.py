@@ -6,8 +6,10 @@ capped at 512. Every request ignores the end-of-sequence token, so each system g
 the drawn number of tokens and tokens/s compares like with like. The online workloads are the same
 requests arriving over time at a Poisson rate.
 
-`QUICK` and `FULL` are the two sizes of a run: QUICK keeps the shapes small so the whole benchmark
-takes about a minute on a 2-core laptop; FULL uses the study's shapes and takes much longer.
+`QUICK` and `FULL` are the two sizes of a run: QUICK keeps the shapes small and measures one max
+batch size (4, below the number of requests, so continuous batching has slots to refill) so the
+whole benchmark takes about a minute on a quiet 2-core laptop; FULL uses the study's shapes, sweeps
+the max batch size and takes the better part of an hour.
 """
 from __future__ import annotations
 
@@ -33,16 +35,19 @@ class Scale:
     online_reps: int              # interleaved repetitions of every online run (a run at rate r lasts ~n / r seconds)
     rate_fractions: tuple         # online arrival rates, as fractions of minibatch continuous's offline request rate
     decode_steps: int             # decode steps timed for the roofline comparison
+    decode_prompt: int            # prompt tokens of each sequence in the roofline comparison
     gemm_size: int                # n of the n x n x n fp32 matrix product that measures peak FLOP/s
 
 
 PROMPT_SIGMA = 0.5   # spread of log(prompt length): most prompts within 0.6x-1.6x of the median
 PROMPT_CAP = 512     # longest prompt drawn
 
-QUICK = Scale(num_requests=8, prompt_median=32, output_mean=16, output_cap=32, batch_sizes=(4, 8), reps=2,
-              online_requests=8, online_reps=1, rate_fractions=(0.5, 1.0), decode_steps=6, gemm_size=1024)
+QUICK = Scale(num_requests=12, prompt_median=24, output_mean=12, output_cap=24, batch_sizes=(4,), reps=2,
+              online_requests=8, online_reps=1, rate_fractions=(0.7, 1.4), decode_steps=4, decode_prompt=16,
+              gemm_size=1024)
 FULL = Scale(num_requests=64, prompt_median=100, output_mean=128, output_cap=512, batch_sizes=(8, 16, 32, 64), reps=3,
-             online_requests=32, online_reps=2, rate_fractions=(0.3, 0.6, 0.9), decode_steps=16, gemm_size=2048)
+             online_requests=32, online_reps=2, rate_fractions=(0.3, 0.6, 0.9), decode_steps=16, decode_prompt=32,
+             gemm_size=2048)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ COLOURS = {"minibatch-continuous": "#1b9e77", "minibatch-static": "#7570b3", "hf
 
 def _line(ax, xs, stats, name, verified, scale=1.0, style="-", label=True):
     med = np.array([s["median"] * scale for s in stats])
-    err = np.array([[(s["median"] - s["min"]) * scale for s in stats], [(s["max"] - s["median"]) * scale for s in stats]])
+    err = np.array([[(s["median"] - s["min"]) * scale for s in stats],
+                    [(s["max"] - s["median"]) * scale for s in stats]])                   # (2, N): below, above
     tag = name if verified else f"{name} (UNVERIFIED)"
     ax.errorbar(xs, med, yerr=err, marker="o", ms=4, capsize=3, color=COLOURS.get(name), label=tag if label else None,
                 linestyle=style if verified else "--")
@@ -97,7 +98,8 @@ def balance_figure(costs: dict, context: int = 512, max_batch: int = 1024) -> Fi
         right.plot(batches, [p["overhead_s"] / p["step_s"] for p in parts], color=line.get_color(), label=label)
         saturated = saturating_batch(cost, context, max_batch)
         if saturated:
-            left.plot(saturated, saturated / step_parts(cost, saturated, context)["step_s"], "o", color=line.get_color())
+            at = step_parts(cost, saturated, context)
+            left.plot(saturated, saturated / at["step_s"], "o", color=line.get_color())
     left.set(xscale="log", yscale="log", xlabel="batch size", ylabel="decode tokens/s",
              title=f"Throughput (dot: compute-bound from here; {context} tokens of context)")
     right.set(xscale="log", xlabel="batch size", ylabel="share of the step", ylim=(0, 1),
