@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter, ScalarFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from minibatch.metrics import RunReport
 
@@ -138,7 +138,8 @@ def sla_map(rows: Sequence[Mapping], x: str, y: str, x_limit: float | None, y_li
         if limit is not None:
             line(limit, color="tab:green", linestyle="--", linewidth=1)
     ax.set(xlabel=_axis_label(x), ylabel=_axis_label(y), xscale="log", yscale="log", title="tail latencies vs the SLA")
-    for axis in (ax.xaxis, ax.yaxis):          # plain numbers on the log axes
-        axis.set_major_formatter(ScalarFormatter())
+    for axis in (ax.xaxis, ax.yaxis):          # log axes labelled 0.1, 0.2, 0.3, 0.5, 1, 2, ... in plain numbers
+        axis.set_major_locator(LogLocator(subs=(1, 2, 3, 5)))
+        axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         axis.set_minor_formatter(NullFormatter())
     return ax.figure

@@ -32,7 +32,7 @@ class TunerPanel(widgets.VBox):
     """Sliders for the load and the SLA, a tune button; `result` holds the last `TuneResult`."""
 
     def __init__(self, model: str = "smollm2-135m", num_requests: int = 80, output_len=Uniform(16, 48),
-                 rate: float = 0.5, ttft_s: float = 2.0, tpot_s: float = 0.25, percentile: float = 99.0,
+                 rate: float = 0.5, ttft_s: float = 2.0, tpot_s: float = 0.3, percentile: float = 99.0,
                  space: dict | None = None, sim_profile: str | None = None, seed: int = 0, tune_now: bool = True):
         self.model, self.num_requests, self.output_len, self.seed = model, num_requests, output_len, seed
         self.percentile, self.space = percentile, space or PANEL_SPACE
