@@ -42,7 +42,7 @@ ROWS = [  # (label, summary key, format, scale)
 ]
 
 
-def demo_workload(num_requests: int = 24, mean_new_tokens: int = 24, max_new_tokens: int = 64,
+def demo_workload(num_requests: int = 24, mean_new_tokens: int = 16, max_new_tokens: int = 64,
                   seed: int = 0) -> list[WorkloadRequest]:
     """Chat requests all arriving at t=0, output lengths ~ exponential(mean), clipped to [1, max]."""
     rng = np.random.default_rng(seed)
@@ -129,7 +129,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", default="smollm2-135m", help="model name or folder (default: %(default)s)")
     parser.add_argument("--requests", type=positive_int, default=24, help="number of requests (default: %(default)s)")
     parser.add_argument("--batch-size", type=positive_int, default=8, help="max_batch_size of both runs (default: %(default)s)")
-    parser.add_argument("--mean-tokens", type=positive_int, default=24, help="mean output length (default: %(default)s)")
+    parser.add_argument("--mean-tokens", type=positive_int, default=16, help="mean output length (default: %(default)s)")
     parser.add_argument("--max-tokens", type=positive_int, default=64, help="longest output (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the output lengths (default: %(default)s)")
 
