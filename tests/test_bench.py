@@ -183,6 +183,24 @@ def test_roofline_arithmetic(tiny_hf):
     assert 0 < o["engine_share"] < 1 and set(o["phases_s"]) == {"schedule", "model", "sample", "update"}
 
 
+def test_saturating_batch_is_the_knee_of_the_roofline():
+    from minibatch.bench.roofline import balance, saturating_batch
+    from minibatch.costmodel import ModelSize, RooflineCostModel
+    from minibatch.models.tiny import tiny_config
+    size, context = ModelSize.of(tiny_config()), 64
+    weights = 4 * (size.body_params + size.lm_head_params)
+    memory_only = RooflineCostModel(float("inf"), 1e9, 0.0, 4, 1.0, size)
+    # (weights + B * kv) / bandwidth per step: half the limit when the batch's KV bytes equal the weights
+    assert abs(saturating_batch(memory_only, context) - weights / (4 * size.kv_values_per_token * context)) <= 1
+    compute_only = RooflineCostModel(1e9, float("inf"), 0.01, 4, 1.0, size)
+    per_seq = 2 * (size.body_params + size.lm_head_params) + 4 * size.attention_width * context
+    # overhead + B * flops / peak: half the limit when the batch's arithmetic takes as long as the overhead
+    assert abs(saturating_batch(compute_only, context) - 0.01 * 1e9 / per_seq) <= 1
+    row = balance(compute_only, context)
+    assert row["overhead_share_batch1"] == pytest.approx(0.01 / (0.01 + per_seq / 1e9))
+    assert row["overhead_share_saturated"] == pytest.approx(0.5, abs=0.05)
+
+
 def test_bad_flags_are_refused_before_any_work(capsys):
     assert cli(["bench", "--model", "tiny", "--rates", "0"]) == 2
     assert "--rates" in capsys.readouterr().err

@@ -91,14 +91,17 @@ def step_parts(cost: RooflineCostModel, batch: int, context: int) -> dict:
     return {"overhead_s": cost.overhead_s, "memory_s": memory, "compute_s": compute, "step_s": cost.step_time(shape)}
 
 
-def saturating_batch(cost: RooflineCostModel, context: int, limit: int = 16384) -> int | None:
-    """The smallest batch whose decode step is compute-bound: past it, a bigger batch no longer comes
-    for free. None if the KV reads keep it memory-bound up to `limit`."""
-    for batch in range(1, limit + 1):
-        parts = step_parts(cost, batch, context)
-        if parts["compute_s"] >= parts["memory_s"]:
-            return batch
-    return None
+def saturating_batch(cost: RooflineCostModel, context: int, limit: int = 1 << 16) -> int:
+    """The batch at which decode tokens/s reach half of what any batch could (the knee of the curve):
+    past it, the fixed costs of a step (overhead, reading the weights) are shared so widely that each
+    sequence's own costs (its arithmetic, reading its KV cache) set the pace."""
+    tok_s = lambda batch: batch / step_parts(cost, batch, context)["step_s"]  # noqa: E731
+    ceiling = tok_s(limit)                                                    # tokens/s rise towards this
+    low, high = 1, limit
+    while low < high:                                                         # tokens/s grow with the batch
+        mid = (low + high) // 2
+        low, high = (low, mid) if tok_s(mid) >= ceiling / 2 else (mid + 1, high)
+    return low
 
 
 def balance(cost: RooflineCostModel, context: int) -> dict:
@@ -106,12 +109,12 @@ def balance(cost: RooflineCostModel, context: int) -> dict:
     the share of a step that is overhead, at batch 1 and at the saturating batch."""
     size, value = cost.size, cost.bytes_per_value
     one, batch = step_parts(cost, 1, context), saturating_batch(cost, context)
-    full = step_parts(cost, batch, context) if batch else None
+    full = step_parts(cost, batch, context)
     return {"weight_bytes": (size.body_params + size.lm_head_params) * value,
             "flops_per_token": 2 * (size.body_params + size.lm_head_params),
             "kv_bytes_per_token": size.kv_values_per_token * value, "step_batch1_s": one["step_s"],
             "saturating_batch": batch, "overhead_share_batch1": one["overhead_s"] / one["step_s"],
-            "overhead_share_saturated": full and full["overhead_s"] / full["step_s"]}
+            "overhead_share_saturated": full["overhead_s"] / full["step_s"]}
 
 
 def bounds(size: ModelSize, bytes_per_value: int, flops: float, bandwidth: float, batch: int, context: int) -> dict:

@@ -87,7 +87,8 @@ def _roofline(ax, roof):
 
 def balance_figure(costs: dict, context: int = 512, max_batch: int = 1024) -> Figure:
     """For each (model, machine) cost model (`minibatch.costmodel.RooflineCostModel`): decode tokens/s
-    against batch size, its saturating batch marked, and the share of a step that is fixed overhead."""
+    against batch size, its saturating batch marked (`minibatch.bench.roofline.saturating_batch`), and
+    the share of a step that is fixed overhead."""
     from minibatch.bench.roofline import saturating_batch, step_parts
 
     batches = np.unique(np.geomspace(1, max_batch, 48).astype(int))
@@ -96,12 +97,12 @@ def balance_figure(costs: dict, context: int = 512, max_batch: int = 1024) -> Fi
         parts = [step_parts(cost, int(b), context) for b in batches]
         line, = left.plot(batches, [b / p["step_s"] for b, p in zip(batches, parts)], label=label)
         right.plot(batches, [p["overhead_s"] / p["step_s"] for p in parts], color=line.get_color(), label=label)
-        saturated = saturating_batch(cost, context, max_batch)
-        if saturated:
+        saturated = saturating_batch(cost, context)
+        if saturated <= max_batch:
             at = step_parts(cost, saturated, context)
             left.plot(saturated, saturated / at["step_s"], "o", color=line.get_color())
     left.set(xscale="log", yscale="log", xlabel="batch size", ylabel="decode tokens/s",
-             title=f"Throughput (dot: compute-bound from here; {context} tokens of context)")
+             title=f"Throughput (dot: half of the most any batch gets), {context} tokens of context")
     right.set(xscale="log", xlabel="batch size", ylabel="share of the step", ylim=(0, 1),
               title="Fixed per-step overhead as a share of the step")
     left.legend(fontsize=7)
