@@ -102,7 +102,7 @@ def balance_figure(costs: dict, context: int = 512, max_batch: int = 1024) -> Fi
             at = step_parts(cost, saturated, context)
             left.plot(saturated, saturated / at["step_s"], "o", color=line.get_color())
     left.set(xscale="log", yscale="log", xlabel="batch size", ylabel="decode tokens/s",
-             title=f"Throughput (dot: half of the most any batch gets), {context} tokens of context")
+             title=f"Decode throughput, {context} tokens of context (dot: saturating batch)")
     right.set(xscale="log", xlabel="batch size", ylabel="share of the step", ylim=(0, 1),
               title="Fixed per-step overhead as a share of the step")
     left.legend(fontsize=7)
