@@ -87,3 +87,25 @@ def test_command_line(server, tmp_path, capsys):
     assert "p99_ttft_s" in printed and "goodput_req_s" in printed and "SLA" in printed
     saved = json.loads(out.read_text())
     assert saved["summary"]["requests"] == 3 and len(saved["requests"]) == 3
+
+
+def test_metrics_sampler_and_figures(server):
+    from minibatch.serving.scrape import MetricsSampler, scrape
+    from minibatch.viz import latency_vs_load, metrics_over_time
+
+    before = scrape(server.url)
+    workload = make_workload(6, Poisson(rate=30.0), output_len=Fixed(3), seed=4)
+    with MetricsSampler(server.url, every_s=0.05) as sampler:
+        report = loadtest.run(server.url, workload, use_tqdm=False)
+    after = scrape(server.url)
+    assert after["generation_tokens_total"] - before["generation_tokens_total"] == 18
+    assert after["e2e_request_latency_seconds_count"] - before["e2e_request_latency_seconds_count"] == 6
+    times, running = sampler.series("num_requests_running")
+    assert len(times) >= 1 and times == sorted(times) and all(0 <= r <= 8 for r in running)
+    fig = metrics_over_time({"30 req/s": sampler.samples}, max_batch_size=8)
+    assert len(fig.axes) == 3 and all(len(ax.lines) >= 1 for ax in fig.axes)
+    rows = [{"rate": 30.0, "where": "HTTP", **report.summary()}, {"rate": 10.0, "where": "HTTP", **report.summary()}]
+    fig = latency_vs_load(rows, metrics=("p50_ttft_s", "p50_e2e_s"))
+    assert len(fig.axes) == 2 and list(fig.axes[0].lines[0].get_xdata()) == [10.0, 30.0]
+    with pytest.raises(KeyError, match="no field 'p77_s'"):
+        latency_vs_load(rows, metrics=("p77_s",))

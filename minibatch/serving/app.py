@@ -85,7 +85,8 @@ class OpenAIServer:
             self.engine.check_request(ids, params)
         except ConfigError as error:
             raise APIError(400, str(error)) from None
-        return Job(ids, params, body.stop_strings, asyncio.get_running_loop()), len(ids)
+        # stamped now, not when the engine thread takes it in at the next step: that wait is part of its TTFT
+        return Job(ids, params, body.stop_strings, asyncio.get_running_loop(), self.engine.clock.now()), len(ids)
 
     async def complete(self, body, request: Request, chat: bool):
         job, num_prompt = self.prepare(body, chat)

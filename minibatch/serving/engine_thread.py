@@ -35,8 +35,9 @@ class Update:
 class Job:
     """One HTTP request's handle on its engine request."""
 
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, stop: list[str], loop):
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, stop: list[str], loop, arrival: float):
         self.prompt_ids, self.params, self.loop = prompt_ids, params, loop
+        self.arrival = arrival       # engine-clock time the server accepted it: its latencies count from here
         self.text = TextStream(stop)
         self.updates: asyncio.Queue[Update] = asyncio.Queue()
         self.request = None          # the engine's Request, once the engine thread has added it
@@ -136,7 +137,7 @@ class EngineThread:
                     del engine.step_records[:-KEEP_STEP_RECORDS]
 
     def _add(self, job: Job) -> None:
-        job.request = self.engine.add_request(job.prompt_ids, job.params)
+        job.request = self.engine.add_request(job.prompt_ids, job.params, arrival_time=job.arrival)
         self._active[job.request.request_id] = job
 
     def _abort(self, job: Job, error: str | None) -> None:

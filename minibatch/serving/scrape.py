@@ -25,9 +25,10 @@ def parse_metrics(text: str) -> dict[str, float]:
     return values
 
 
-def scrape(url: str) -> dict[str, float]:
-    """GET {url}/metrics, parsed."""
-    return parse_metrics(httpx.get(url.rstrip("/") + "/metrics", timeout=10).raise_for_status().text)
+def scrape(url: str, client: httpx.Client | None = None) -> dict[str, float]:
+    """GET {url}/metrics, parsed. Pass a `client` when scraping often: a new one costs a TLS setup's CPU."""
+    response = (client or httpx).get(url.rstrip("/") + "/metrics", timeout=10)
+    return parse_metrics(response.raise_for_status().text)
 
 
 class MetricsSampler:
@@ -46,10 +47,11 @@ class MetricsSampler:
 
     def _run(self) -> None:
         start = time.perf_counter()
-        while True:
-            self.samples.append((time.perf_counter() - start, scrape(self.url)))
-            if self._stop.wait(self.every_s):
-                return
+        with httpx.Client() as client:
+            while True:
+                self.samples.append((time.perf_counter() - start, scrape(self.url, client)))
+                if self._stop.wait(self.every_s):
+                    return
 
     def series(self, name: str) -> tuple[list[float], list[float]]:
         return [t for t, _ in self.samples], [s.get(name, 0.0) for _, s in self.samples]
