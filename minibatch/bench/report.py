@@ -102,6 +102,11 @@ def text(results: dict) -> str:
         mark = "" if r["verified"] else "   (UNVERIFIED: outputs differ from the reference)"
         lines.append(f"  {r['a']} (batch {r['batch_size_a']}) / {r['b']} (batch {r['batch_size_b']}): "
                      f"{r['value']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]{mark}")
+    same = [(b, _row(off["systems"][CONT], b), _row(off["systems"][STATIC], b))
+            for b in sizes if CONT in off["systems"] and STATIC in off["systems"]]
+    if len(same) > 1:
+        lines.append("  continuous / static at each max batch size: " + ", ".join(
+            f"{b}: {c['tok_s']['median'] / s['tok_s']['median']:.2f}x" for b, c, s in same))
     if results.get("online"):
         lines += ["", *online_lines(results["online"])]
     if results.get("roofline"):

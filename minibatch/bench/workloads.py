@@ -42,8 +42,8 @@ class Scale:
 PROMPT_SIGMA = 0.5   # spread of log(prompt length): most prompts within 0.6x-1.6x of the median
 PROMPT_CAP = 512     # longest prompt drawn
 
-QUICK = Scale(num_requests=12, prompt_median=24, output_mean=12, output_cap=24, batch_sizes=(4,), reps=2,
-              online_requests=8, online_reps=1, rate_fractions=(0.7, 1.4), decode_steps=4, decode_prompt=16,
+QUICK = Scale(num_requests=10, prompt_median=16, output_mean=12, output_cap=24, batch_sizes=(4,), reps=2,
+              online_requests=6, online_reps=1, rate_fractions=(0.7, 1.4), decode_steps=4, decode_prompt=16,
               gemm_size=1024)
 FULL = Scale(num_requests=64, prompt_median=100, output_mean=128, output_cap=512, batch_sizes=(8, 16, 32, 64), reps=3,
              online_requests=32, online_reps=2, rate_fractions=(0.3, 0.6, 0.9), decode_steps=16, decode_prompt=32,
