@@ -13,8 +13,7 @@ from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest  # noqa
 from minibatch.memory import KVHolding  # noqa: E402
 from minibatch.metrics import RunReport, StepRecord  # noqa: E402
 from minibatch.viz import block_owners, block_table_figure, kv_block_map, kv_usage, peak_step  # noqa: E402
-from minibatch.viz.kv_map import FREE_COLOUR, RESERVED_ALPHA, grid_shape  # noqa: E402
-from minibatch.viz.timeline import request_colour  # noqa: E402
+from minibatch.viz.kv_map import FREE_COLOUR, RESERVED_ALPHA, grid_shape, owner_colour  # noqa: E402
 from minibatch.widgets import BlockTableExplorer, KVMapScrubber  # noqa: E402
 
 
@@ -52,9 +51,9 @@ def test_map_colours_stored_reserved_and_free(handmade):
     image = pixels(fig)                                   # (2 rows, 3 blocks x 4 slots, RGBA)
     assert image.shape == (2, 12, 4)
     block = lambda b: image[b // 3, (b % 3) * 4:(b % 3 + 1) * 4]   # noqa: E731
-    assert np.allclose(block(0), request_colour(2))                         # full
-    assert np.allclose(block(1)[0], request_colour(7))                      # one token stored ...
-    pale = 1 - RESERVED_ALPHA * (1 - np.array(request_colour(7)))
+    assert np.allclose(block(0), owner_colour(2))                         # full
+    assert np.allclose(block(1)[0], owner_colour(7))                      # one token stored ...
+    pale = 1 - RESERVED_ALPHA * (1 - np.array(owner_colour(7)))
     assert np.allclose(block(1)[1:], pale)                                  # ... three slots reserved, empty
     assert np.allclose(block(2), FREE_COLOUR) and np.allclose(block(5), FREE_COLOUR)
     title = fig.axes[0].get_title()
@@ -62,6 +61,13 @@ def test_map_colours_stored_reserved_and_free(handmade):
     assert kv_block_map(handmade, 4, step=0).axes[0].get_title().startswith("step 0: 1 sequences hold 1 of 6")
     with pytest.raises(ValueError, match="step=3 is not allowed: choose an index in 0..2"):
         kv_block_map(handmade, 4, step=3)
+
+
+def test_owner_colours_are_strong_and_cycle():
+    assert owner_colour(3) == owner_colour(12) != owner_colour(4)
+    for i in range(9):                       # stored, reserved and free slots never look alike
+        strong, pale = np.array(owner_colour(i)), 1 - RESERVED_ALPHA * (1 - np.array(owner_colour(i)))
+        assert min(strong[:3]) < 0.5 and np.abs(pale - FREE_COLOUR).max() > 0.1
 
 
 def test_grid_shape():

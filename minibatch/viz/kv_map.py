@@ -2,9 +2,9 @@
 
 The cache is drawn as a grid of blocks, block 0 at the top left, `columns` blocks per row. Each
 block is a strip of `block_size` token slots: a slot holding a token has its owner's colour
-(the same colour as in the slot timeline), a slot its owner reserved but has not filled is a
-pale shade of that colour (the waste: the tail of a last block, or a whole contiguous
-reservation), and a free block is grey. Everything is read from `StepRecord.block_tables`
+(nine strong hues, in turn), a slot its owner reserved but has not filled is a pale shade of that
+colour (the waste: the tail of a last block, or a whole contiguous reservation), and a free block
+is white. Everything is read from `StepRecord.block_tables`
 (request id -> `KVHolding(tokens, blocks)`), so any recorded run, measured or simulated, can be
 drawn at any step. `kv_usage` draws the same records over the whole run; `block_table_figure`
 draws how one sequence's logical positions land in physical blocks.
@@ -17,10 +17,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch
 
-from minibatch.viz.timeline import request_colour
+FREE_COLOUR = (1.0, 1.0, 1.0, 1.0)      # a free block: white, inside the grey block borders
+RESERVED_ALPHA = 0.3                    # how pale a reserved but empty slot is
+OWNER_COLOURS = [plt.get_cmap("tab10")(i) for i in range(10) if i != 7]   # tab10 less its grey, too close to pale shades
 
-FREE_COLOUR = (0.91, 0.91, 0.91, 1.0)   # a free block
-RESERVED_ALPHA = 0.25                   # how pale a reserved but empty slot is
+
+def owner_colour(request_id: int):
+    """A strong colour per request (cycling), so a pale shade can only mean reserved and empty."""
+    return OWNER_COLOURS[request_id % len(OWNER_COLOURS)]
 
 
 def block_owners(step, num_blocks: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -70,14 +74,14 @@ def kv_block_map(report, block_size: int, step: int | None = None, columns: int 
     num_blocks = record.kv_blocks_total
     rows, columns = grid_shape(num_blocks, columns)
     owner, filled = block_owners(record, num_blocks, block_size)
-    image = np.ones((rows, columns * block_size, 4))                   # (rows, token slots per row, RGBA); white past the last block
+    image = np.zeros((rows, columns * block_size, 4))                  # (rows, token slots per row, RGBA); transparent past the last block
     for block in range(num_blocks):
         r, c = divmod(block, columns)
         strip = image[r, c * block_size:(c + 1) * block_size]           # (block_size, 4)
         if owner[block] < 0:
             strip[:] = FREE_COLOUR
             continue
-        colour = np.array(request_colour(int(owner[block])))
+        colour = np.array(owner_colour(int(owner[block])))
         strip[:] = 1 - RESERVED_ALPHA * (1 - colour)                    # pale: reserved, no token yet
         strip[:filled[block]] = colour
     if ax is None:
@@ -85,7 +89,7 @@ def kv_block_map(report, block_size: int, step: int | None = None, columns: int 
     ax.imshow(image, aspect="auto", interpolation="nearest", extent=(0, columns, rows, 0))
     ax.set_xticks(np.arange(columns + 1), minor=True)
     ax.set_yticks(np.arange(rows + 1), minor=True)
-    ax.grid(which="minor", color="white", linewidth=1.0)               # the block borders
+    ax.grid(which="minor", color="#bbbbbb", linewidth=0.8)             # the block borders
     ax.tick_params(which="minor", length=0)
     ax.set_xticks([])
     ax.set_yticks(np.arange(rows) + 0.5, [str(r * columns) for r in range(rows)], fontsize=7)
@@ -139,11 +143,11 @@ def block_table_figure(block_table, context_len: int, block_size: int, num_block
     scale = num_blocks / max(needed, 1)                 # logical blocks are drawn wider, to span the same width
     for i in range(needed):
         tokens = min(block_size, context_len - i * block_size)
-        ax.add_patch(plt.Rectangle((i * scale, 1.6), scale * tokens / block_size, 0.6, color=request_colour(i)))
+        ax.add_patch(plt.Rectangle((i * scale, 1.6), scale * tokens / block_size, 0.6, color=owner_colour(i)))
         ax.add_patch(plt.Rectangle((i * scale, 1.6), scale, 0.6, fill=False, edgecolor="black", linewidth=0.5))
         ax.text((i + 0.5) * scale, 1.9, f"{i * block_size}..{i * block_size + tokens - 1}", ha="center", va="center", fontsize=7)
         physical = block_table[i]
-        ax.add_patch(plt.Rectangle((physical, 0), tokens / block_size, 0.6, color=request_colour(i)))
+        ax.add_patch(plt.Rectangle((physical, 0), tokens / block_size, 0.6, color=owner_colour(i)))
         ax.plot([(i + 0.5) * scale, physical + 0.5], [1.6, 0.6], color="grey", linewidth=0.8)
     for b in range(num_blocks):
         ax.add_patch(plt.Rectangle((b, 0), 1, 0.6, fill=False, edgecolor="#999999", linewidth=0.5))
