@@ -6,3 +6,4 @@ from minibatch.widgets.dashboard import Dashboard
 from minibatch.widgets.tuner import TunerPanel
 from minibatch.widgets.kv_map import BlockTableExplorer, KVMapScrubber
 from minibatch.widgets.chunking import ChunkingPanel
+from minibatch.widgets.playground import PlaygroundPanel
