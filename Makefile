@@ -44,7 +44,9 @@ test-notebooks: $(STAMP)
 ifeq ($(strip $(NOTEBOOKS)),)
 	@echo "test-notebooks: no notebooks in notebooks/ or solutions/ yet"
 else
-	$(BIN)/pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) $(NOTEBOOKS)
+	@status=0; $(BIN)/pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) \
+		--junitxml=test-artifacts/notebooks.xml $(NOTEBOOKS) || status=$$?; \
+	$(BIN)/python scripts/chapter_times.py test-artifacts/notebooks.xml; exit $$status
 endif
 
 test-exercises: $(STAMP)

@@ -231,3 +231,38 @@ def test_bad_speculative_settings_fail_clearly(tmp_path):
         LLM(EngineConfig(model="tiny", speculative_method="draft", speculative_model=str(tmp_path)))
     with pytest.raises(ConfigError, match="scheduler"):
         EngineConfig(model="tiny", scheduler="static", speculative_method="ngram")
+
+
+def test_compare_speculation_rows_on_the_same_tokens(noisy_draft):
+    """One row per engine, plain first; the speculative row reports acceptance and a step cost from
+    its own steps, and an engine that changes the tokens is refused."""
+    from minibatch.speculative_bench import compare_speculation
+
+    base = dict(model="tiny", scheduler="edge", num_speculative_tokens=3)
+    engines = {"plain": LLM(EngineConfig(model="tiny", scheduler="edge")),
+               "ngram": LLM(EngineConfig(**base, speculative_method="ngram"))}
+    rows = compare_speculation(engines, PROMPTS[:2], max_new_tokens=NEW)
+    plain, ngram = rows
+    assert [r["engine"] for r in rows] == ["plain", "ngram"]
+    assert plain["speedup"] == plain["step_cost"] == 1.0 and plain["acceptance_rate"] is None
+    assert plain["tokens"] == ngram["tokens"] == 2 * NEW
+    assert 0 < ngram["acceptance_rate"] <= 1 and ngram["tokens_per_step"] > 1 and ngram["step_cost"] > 0
+    another_model = {"plain": engines["plain"], "other": LLM(EngineConfig(model=noisy_draft, scheduler="edge"))}
+    with pytest.raises(AssertionError, match="other tokens"):
+        compare_speculation(another_model, PROMPTS[:2], max_new_tokens=NEW)
+
+
+def test_speedup_by_batch_reports_what_makes_the_speedup():
+    import matplotlib
+    matplotlib.use("Agg")
+    from minibatch.speculative_bench import speedup_by_batch
+    from minibatch.viz import speedup_vs_batch
+
+    plain = LLM(EngineConfig(model="tiny", max_batch_size=4))
+    ngram = LLM(EngineConfig(model="tiny", max_batch_size=4, speculative_method="ngram", num_speculative_tokens=3))
+    rows = speedup_by_batch(plain, ngram, PROMPTS[0], batch_sizes=(1, 4), max_new_tokens=NEW)
+    assert [r["batch_size"] for r in rows] == [1, 4]
+    for r in rows:
+        assert r["tokens_per_step"] > 1 and r["step_cost"] > 0 and r["speedup"] > 0
+        assert r["speedup"] == pytest.approx(r["speculative_tok_s"] / r["plain_tok_s"])
+    assert len(speedup_vs_batch(rows).axes[0].lines) == 4        # three series and the line at 1
