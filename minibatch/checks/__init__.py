@@ -23,3 +23,4 @@ from minibatch.checks.serving import check_read_load
 from minibatch.checks.memory import check_append_token, check_kv_capacity, check_paged_decode_attention
 from minibatch.checks.latency import check_batch_timeout
 from minibatch.checks.monitoring import check_histogram_quantile
+from minibatch.checks.capstone import check_capstone
