@@ -2,9 +2,10 @@
 of one, no batching wait), the same arrivals served both ways, latency and throughput side by side.
 
 Both modes run when the panel is made, so flipping the switch is instant: it changes which mode's
-requests are drawn lane by lane, while the table and the bars always compare both. By default the
-runs use the simulated clock without the model (`clock="simulated", sim_skip_model=True`): the times
-are the cost model's, not this machine's. `simulated=False` serves the arrivals with the real model.
+requests are drawn lane by lane (the table's caption names it), while the table and the bars always
+compare both. By default the runs use the simulated clock without the model (`clock="simulated",
+sim_skip_model=True`): the times are the cost model's, not this machine's. `simulated=False` serves
+the arrivals with the real model.
 """
 from __future__ import annotations
 
@@ -54,10 +55,11 @@ class EdgeModePanel(widgets.VBox):
     def update(self) -> None:
         """Show the current mode: its lanes, and the comparison of both."""
         self.summary = self.reports[self.mode].summary()
-        rows = [{"mode": "edge (batch of one)" if name == "edge" else f"server (batch {self.base.max_batch_size})",
-                 **report.summary()} for name, report in self.reports.items()]
+        labels = {name: "edge (batch of one)" if name == "edge" else f"server (batch {self.base.max_batch_size})"
+                  for name in self.reports}
+        rows = [{"mode": labels[name], **report.summary()} for name, report in self.reports.items()]
         clock = "simulated clock" if self.base.clock == "simulated" else "measured on this machine"
-        self.metrics.value = (f"<b>{len(self.workload)} requests, the same arrivals in both modes ({clock})</b>"
-                              + html_table(rows, COLUMNS))
+        self.metrics.value = (f"<b>{len(self.workload)} requests, the same arrivals in both modes ({clock}); "
+                              f"the lanes show {labels[self.mode]}</b>" + html_table(rows, COLUMNS))
         named = {LABELS[k]: v for k, v in self.reports.items()}
         self.image.value = figure_png(edge_vs_server(named, LABELS[self.mode]))
