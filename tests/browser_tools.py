@@ -99,10 +99,15 @@ class JupyterLab:
 
 
 def open_notebook(page, lab: JupyterLab, path: str, timeout_s: float) -> None:
-    """Open the notebook at `path` (relative to the server's root) and wait for its kernel to be idle."""
-    page.goto(lab.url(f"lab/tree/{path}"), timeout=timeout_s * 1000)
+    """Open the notebook at `path` (relative to the server's root) alone in a workspace of its own (JupyterLab
+    would otherwise reopen the notebooks of the last page, with their stale outputs), and wait for its kernel
+    to be idle."""
+    workspace = re.sub(r"\W", "-", Path(path).stem)
+    page.goto(lab.url(f"lab/workspaces/{workspace}/tree/{path}"), timeout=timeout_s * 1000)
     page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=timeout_s * 1000)
     wait_idle(page, timeout_s)
+    opened = page.locator(".jp-NotebookPanel").count()
+    assert opened == 1, f"{opened} notebooks open in the page, expected {path} alone"
 
 
 def wait_idle(page, timeout_s: float) -> None:
