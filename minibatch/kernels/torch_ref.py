@@ -23,7 +23,7 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
 
-def _plan(meta, seq_ids: np.ndarray, block_size: int, device) -> dict:
+def _plan(meta, seq_ids: np.ndarray, block_size: int, group: int, device) -> dict:
     """Index tensors for attending a group of sequences; computed once per step, reused per layer."""
     starts = meta.query_start_loc_np[seq_ids]
     qlens = meta.query_start_loc_np[seq_ids + 1] - starts
@@ -41,7 +41,8 @@ def _plan(meta, seq_ids: np.ndarray, block_size: int, device) -> dict:
     return {
         "rows": as_tensor(rows),
         "slots": as_tensor(slots),
-        "mask": as_tensor(visible)[:, None],                                       # (G, 1, max_q, L)
+        # (G, 1, group*max_q, L), tiled here once per step, not in every layer; None when every key is visible
+        "mask": None if visible.all() else as_tensor(np.tile(visible, (1, group, 1)))[:, None],
         "out_rows": as_tensor(rows[valid_rows]),
         "valid": as_tensor(valid_rows),
     }
@@ -56,8 +57,7 @@ def _attend_group(query, k_cache, v_cache, plan, scale, out) -> None:
     q = q.reshape(num_seqs, num_kv_heads, group * max_q, head_dim)                 # (G, Hkv, group*max_q, D)
     k = k_cache.view(-1, num_kv_heads, head_dim)[plan["slots"]].transpose(1, 2)    # (G, Hkv, L, D)
     v = v_cache.view(-1, num_kv_heads, head_dim)[plan["slots"]].transpose(1, 2)    # (G, Hkv, L, D)
-    mask = plan["mask"].repeat(1, 1, group, 1)                                     # (G, 1, group*max_q, L)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)       # (G, Hkv, group*max_q, D)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=plan["mask"], scale=scale)  # (G, Hkv, group*max_q, D)
     o = o.view(num_seqs, num_kv_heads, group, max_q, head_dim).permute(0, 3, 1, 2, 4)
     o = o.reshape(num_seqs, max_q, num_kv_heads * group, head_dim)                 # (G, max_q, Hq, D)
     out[plan["out_rows"]] = o[plan["valid"]].to(out.dtype)
@@ -72,7 +72,8 @@ def attention(query, k_cache, v_cache, meta, scale):
     if "torch_plans" not in meta.cache:
         qlens = meta.query_lens_np
         groups = [np.flatnonzero(qlens == 1), np.flatnonzero(qlens > 1)]
-        meta.cache["torch_plans"] = [_plan(meta, ids, block_size, query.device) for ids in groups if len(ids)]
+        group = query.shape[1] // k_cache.shape[2]
+        meta.cache["torch_plans"] = [_plan(meta, ids, block_size, group, query.device) for ids in groups if len(ids)]
     for plan in meta.cache["torch_plans"]:
         _attend_group(query, k_cache, v_cache, plan, scale, out)
     return out

@@ -90,10 +90,10 @@ class LlamaModel:
         """Self-attention of the normed rows h (T, C): q|k|v, rotary, KV write, paged attention, output projection."""
         T = h.shape[0]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = F.linear(h, layer["qkv"]).split([H * D, Hkv * D, Hkv * D], dim=-1)
-        q, k, v = q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
-        q = q * cos + rotate_half(q) * sin                                  # (T, H, D)
-        k = k * cos + rotate_half(k) * sin                                  # (T, Hkv, D)
+        qk, v = F.linear(h, layer["qkv"]).split([(H + Hkv) * D, Hkv * D], dim=-1)
+        qk = qk.reshape(T, H + Hkv, D)
+        qk = qk * cos + rotate_half(qk) * sin                               # (T, H + Hkv, D): q and k rotated together
+        q, k, v = qk[:, :H], qk[:, H:], v.reshape(T, Hkv, D)                # (T, H, D), (T, Hkv, D), (T, Hkv, D)
         backend.write_kv(k, v, k_cache, v_cache, slot_mapping)
         attn = backend.attention(q, k_cache, v_cache, meta, self.scale)      # (T, H, D)
         return F.linear(attn.reshape(T, H * D), layer["o"])                 # (T, C)
