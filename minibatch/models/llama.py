@@ -6,7 +6,8 @@ grouped-query heads, reading and writing the paged KV cache) -> residual -> RMSN
 MLP -> residual. Only the rows that produce a token go through the LM head.
 
 Weights come from a Hugging Face checkpoint (transformers is the loader); the projections that
-read the same input are fused (q|k|v, gate|up) so a layer makes fewer, larger matrix products.
+read the same input are fused (q|k|v, gate|up) so a layer makes fewer, larger matrix products, each oriented for the number of rows
+(`minibatch.models.linear`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from minibatch.models import LoadedModel, rope_theta
+from minibatch.models.linear import linear
 
 
 def rms_norm(x, weight, eps):
@@ -90,19 +92,19 @@ class LlamaModel:
         """Self-attention of the normed rows h (T, C): q|k|v, rotary, KV write, paged attention, output projection."""
         T = h.shape[0]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        qk, v = F.linear(h, layer["qkv"]).split([(H + Hkv) * D, Hkv * D], dim=-1)
+        qk, v = linear(h, layer["qkv"]).split([(H + Hkv) * D, Hkv * D], dim=-1)
         qk = qk.reshape(T, H + Hkv, D)
         qk = qk * cos + rotate_half(qk) * sin                               # (T, H + Hkv, D): q and k rotated together
         q, k, v = qk[:, :H], qk[:, H:], v.reshape(T, Hkv, D)                # (T, H, D), (T, Hkv, D), (T, Hkv, D)
         backend.write_kv(k, v, k_cache, v_cache, slot_mapping)
         attn = backend.attention(q, k_cache, v_cache, meta, self.scale)      # (T, H, D)
-        return F.linear(attn.reshape(T, H * D), layer["o"])                 # (T, C)
+        return linear(attn.reshape(T, H * D), layer["o"])                 # (T, C)
 
     def mlp(self, h, layer):
         """SwiGLU: down(silu(gate(h)) * up(h)), (T, C) -> (T, C)."""
-        gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)          # (T, I) each
-        return F.linear(F.silu(gate) * up, layer["down"])
+        gate, up = linear(h, layer["gate_up"]).chunk(2, dim=-1)          # (T, I) each
+        return linear(F.silu(gate) * up, layer["down"])
 
     def lm_head_logits(self, h):
         """Logits (S, V) in fp32 for the final-normed rows h (S, C)."""
-        return F.linear(h, self.lm_head).float()
+        return linear(h, self.lm_head).float()
