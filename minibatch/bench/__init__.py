@@ -1,7 +1,7 @@
 """`python -m minibatch bench`: minibatch against its peers on the same model, workload and machine.
 
     python -m minibatch bench --quick --out bench-results      # about a minute on a 2-core laptop
-    python -m minibatch bench --out bench-results              # the full run: much longer
+    python -m minibatch bench --out bench-results              # the full run: over an hour
 
 Four systems serve the same prompts with the same output lengths (`ignore_eos`, so each generates
 exactly the same tokens): minibatch with continuous batching, minibatch with static batching,

@@ -8,8 +8,10 @@ requests arriving over time at a Poisson rate.
 
 `QUICK` and `FULL` are the two sizes of a run: QUICK keeps the shapes small and measures one max
 batch size (4, below the number of requests, so continuous batching has slots to refill) so the
-whole benchmark takes about a minute on a quiet 2-core laptop; FULL uses the study's shapes, sweeps
-the max batch size and takes the better part of an hour.
+whole benchmark takes about a minute on a quiet 2-core laptop; FULL uses the study's shapes with 32
+requests, measures max batch sizes 16 (continuous batching refills slots) and 32 (every request at
+once) twice each, and serves 12 requests at three arrival rates: about an hour and a quarter there,
+mostly spent in the transformers systems. `--num-requests`, `--batch-sizes` and `--reps` make it larger.
 """
 from __future__ import annotations
 
@@ -45,8 +47,8 @@ PROMPT_CAP = 512     # longest prompt drawn
 QUICK = Scale(num_requests=10, prompt_median=16, output_mean=12, output_cap=24, batch_sizes=(4,), reps=2,
               online_requests=6, online_reps=1, rate_fractions=(0.7, 1.4), decode_steps=4, decode_prompt=16,
               gemm_size=1024)
-FULL = Scale(num_requests=64, prompt_median=100, output_mean=128, output_cap=512, batch_sizes=(8, 16, 32, 64), reps=3,
-             online_requests=32, online_reps=2, rate_fractions=(0.3, 0.6, 0.9), decode_steps=16, decode_prompt=32,
+FULL = Scale(num_requests=32, prompt_median=100, output_mean=128, output_cap=512, batch_sizes=(16, 32), reps=2,
+             online_requests=12, online_reps=1, rate_fractions=(0.3, 0.6, 0.9), decode_steps=16, decode_prompt=32,
              gemm_size=2048)
 
 
