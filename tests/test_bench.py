@@ -105,9 +105,10 @@ def test_results_schema(results, tmp_path):
 
 def test_ratios_and_goals_follow_the_medians(results):
     systems = results["offline"]["systems"]
-    by_pair = {(r["a"], r["b"]): r for r in report.ratios(results["offline"])}
+    by_pair = {(r["a"], r["b"]): r for r in report.ratios(results["offline"], SMALL.num_requests)}
     r = by_pair[("minibatch-continuous", "minibatch-static")]
-    assert r["batch_size_b"] == r["batch_size_a"] == systems["minibatch-continuous"]["best_batch_size"]
+    # judged where a finished request's slot can be refilled: the only size below the 4 requests is 2
+    assert r["batch_size_b"] == r["batch_size_a"] == 2
     cont = next(x for x in systems["minibatch-continuous"]["by_batch_size"] if x["batch_size"] == r["batch_size_a"])
     static = next(x for x in systems["minibatch-static"]["by_batch_size"] if x["batch_size"] == r["batch_size_a"])
     assert r["value"] == pytest.approx(cont["tok_s"]["median"] / static["tok_s"]["median"])
@@ -208,3 +209,17 @@ def test_bad_flags_are_refused_before_any_work(capsys):
     assert "no-such-model" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli(["bench", "--systems", "vllm"])
+
+
+def test_continuous_is_set_against_static_where_slots_can_be_refilled():
+    def system(tok_s_by_size):
+        rows = [{"batch_size": b, "tok_s": {"median": v, "min": v, "max": v}} for b, v in tok_s_by_size.items()]
+        return {"verified": True, "best_batch_size": max(tok_s_by_size, key=tok_s_by_size.get), "by_batch_size": rows}
+    offline = {"systems": {"minibatch-continuous": system({16: 30.0, 32: 35.0}),
+                           "minibatch-static": system({16: 20.0, 32: 35.0})}}
+    (below,) = report.ratios(offline, num_requests=32)
+    assert (below["batch_size_a"], below["value"]) == (16, pytest.approx(1.5))
+    (unlimited,) = report.ratios(offline, num_requests=64)          # every size below: the best one
+    assert (unlimited["batch_size_a"], unlimited["value"]) == (32, pytest.approx(1.0))
+    (none_below,) = report.ratios(offline, num_requests=8)          # none below: fall back to the best
+    assert none_below["batch_size_a"] == 32
