@@ -6,8 +6,8 @@ grouped-query heads, reading and writing the paged KV cache) -> residual -> RMSN
 MLP -> residual. Only the rows that produce a token go through the LM head.
 
 Weights come from a Hugging Face checkpoint (transformers is the loader); the projections that
-read the same input are fused (q|k|v, gate|up) so a layer makes fewer, larger matrix products, each oriented for the number of rows
-(`minibatch.models.linear`).
+read the same input are fused (q|k|v, gate|up) so a layer makes fewer, larger matrix products,
+each oriented for the number of rows (`minibatch.models.linear`).
 """
 from __future__ import annotations
 
