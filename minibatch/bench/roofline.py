@@ -46,27 +46,30 @@ def machine() -> dict:
             "load_average_1min": os.getloadavg()[0]}
 
 
-def _best_time(fn, repeats: int) -> float:
+def _best_time(fn, repeats: int, device: str = "cpu") -> float:
+    wait = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)  # GPU work is asynchronous
     fn()                                              # warm-up: page faults, thread pool start
+    wait()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
+        wait()
         times.append(time.perf_counter() - start)
     return min(times)                                 # the machine's speed when nothing interfered
 
 
-def memory_bandwidth(num_bytes: int = COPY_BYTES, repeats: int = 5) -> float:
-    """Bytes per second of a large tensor copy (each byte read once and written once)."""
-    src = torch.ones(num_bytes // 4)                  # (N,) fp32
+def memory_bandwidth(num_bytes: int = COPY_BYTES, repeats: int = 5, device: str = "cpu") -> float:
+    """Bytes per second of a large tensor copy on `device` (each byte read once and written once)."""
+    src = torch.ones(num_bytes // 4, device=device)   # (N,) fp32
     dst = torch.empty_like(src)
-    return 2 * num_bytes / _best_time(lambda: dst.copy_(src), repeats)
+    return 2 * num_bytes / _best_time(lambda: dst.copy_(src), repeats, device)
 
 
-def peak_flops(n: int = 2048, repeats: int = 3) -> float:
-    """FLOP/s of an n x n x n fp32 matrix product (2 n^3 FLOPs)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)       # (n, n) each
-    return 2 * n ** 3 / _best_time(lambda: torch.mm(a, b), repeats)
+def peak_flops(n: int = 2048, repeats: int = 3, device: str = "cpu") -> float:
+    """FLOP/s of an n x n x n fp32 matrix product on `device` (2 n^3 FLOPs)."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)   # (n, n) each
+    return 2 * n ** 3 / _best_time(lambda: torch.mm(a, b), repeats, device)
 
 
 def decode_records(llm: LLM, batch_size: int, steps: int, prompt_tokens: int) -> list:
