@@ -27,7 +27,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 .PHONY: lab test test-unit test-notebooks test-exercises exercises venv clean
 
 lab: $(STAMP)
-	$(BIN)/python -m minibatch.models.prepare
+	$(BIN)/python -m minibatch.engine.models.prepare
 	$(BIN)/jupyter lab --ip 127.0.0.1 $(ROOT_FLAG) \
 		--ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks
 

@@ -5,7 +5,7 @@
     outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_new_tokens=16))
 """
 from minibatch.config import ConfigError, EngineConfig, SamplingParams
-from minibatch.workload import WorkloadRequest, load_workload, save_workload
+from minibatch.workloads import WorkloadRequest, load_workload, save_workload
 
 __all__ = ["LLM", "EngineConfig", "SamplingParams", "ConfigError", "RequestOutput", "WorkloadRequest",
            "load_workload", "save_workload"]
@@ -13,8 +13,8 @@ __all__ = ["LLM", "EngineConfig", "SamplingParams", "ConfigError", "RequestOutpu
 
 def __getattr__(name):
     """`LLM` and `RequestOutput` bring in torch and transformers, so they are imported when first used:
-    `import minibatch.checks` or `minibatch.workload` alone then starts in a moment."""
+    `import minibatch.checks` or `minibatch.workloads` alone then starts in a moment."""
     if name in ("LLM", "RequestOutput"):
-        from minibatch import llm
+        from minibatch.engine import llm
         return getattr(llm, name)
     raise AttributeError(f"module 'minibatch' has no attribute {name!r}")

@@ -10,13 +10,13 @@ import importlib
 import sys
 
 COMMANDS = {
-    "demo": ("minibatch.demo", "one workload on the default SLM, static vs continuous batching, side by side"),
-    "calibrate": ("minibatch.calibrate", "measure this machine and fit the simulated clock's cost model"),
-    "bench": ("minibatch.bench", "minibatch against its peers on the same model, workload and machine"),
-    "serve": ("minibatch.server", "an OpenAI-compatible HTTP server"),
-    "loadtest": ("minibatch.loadtest", "replay a workload against any OpenAI-compatible server"),
-    "profile": ("minibatch.profiler", "where a decode step's time goes, part by part, at a few batch sizes"),
-    "speculate": ("minibatch.speculative_bench", "one user's tokens/s with and without each speculative proposer"),
+    "demo": ("minibatch.bench.demo", "one workload on the default SLM, static vs continuous batching, side by side"),
+    "calibrate": ("minibatch.analysis.calibrate", "measure this machine and fit the simulated clock's cost model"),
+    "bench": ("minibatch.bench.suite", "minibatch against its peers on the same model, workload and machine"),
+    "serve": ("minibatch.serving.server", "an OpenAI-compatible HTTP server"),
+    "loadtest": ("minibatch.serving.loadtest", "replay a workload against any OpenAI-compatible server"),
+    "profile": ("minibatch.analysis.profiler", "where a decode step's time goes, part by part, at a few batch sizes"),
+    "speculate": ("minibatch.bench.speculative", "one user's tokens/s with and without each speculative proposer"),
 }
 
 

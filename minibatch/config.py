@@ -92,7 +92,7 @@ class EngineConfig:
         _check_choice(owner, "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_choice(owner, "clock", self.clock, CLOCKS)
         if not isinstance(self.sim_profile, str) or not self.sim_profile:
-            _fail(owner, "sim_profile", self.sim_profile, "a profile name (minibatch.costmodel.list_profiles()) or a JSON path")
+            _fail(owner, "sim_profile", self.sim_profile, "a profile name (minibatch.sim.costmodel.list_profiles()) or a JSON path")
         if not isinstance(self.sim_skip_model, bool) or (self.sim_skip_model and self.clock != "simulated"):
             _fail(owner, "sim_skip_model", self.sim_skip_model, "False, or True together with clock='simulated'")
         _check_int(owner, "seed", self.seed, 0)

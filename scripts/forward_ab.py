@@ -1,6 +1,6 @@
 """Time the engine's forward pass against an earlier commit's, side by side in one process.
 
-The model (minibatch/models/llama.py) and the torch attention (minibatch/kernels/torch_ref.py)
+The model (minibatch/engine/models/llama.py) and the torch attention (minibatch/engine/kernels/torch_ref.py)
 of BEFORE are loaded from git next to the current ones; the same engine then runs decode steps
 with each in turn (A B A B ...), checks that both produce the same tokens, and prints the median
 decode-step time per batch size and how many torch operators a batch-1 step calls.
@@ -16,11 +16,11 @@ from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile
 
-import minibatch.kernels.torch_ref as current_attention
-import minibatch.models.llama as current_model
+import minibatch.engine.kernels.torch_ref as current_attention
+import minibatch.engine.models.llama as current_model
 from minibatch import LLM, EngineConfig, SamplingParams
 
-FILES = {"model": "minibatch/models/llama.py", "attention": "minibatch/kernels/torch_ref.py"}
+FILES = {"model": "minibatch/engine/models/llama.py", "attention": "minibatch/engine/kernels/torch_ref.py"}
 
 
 def module_at(commit: str, path: str, folder: Path):

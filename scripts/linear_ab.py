@@ -1,6 +1,6 @@
 """Time the two orientations of a weight product for the model's own shapes, side by side.
 
-`F.linear(x, W)` (x first) against `minibatch.models.linear.linear(x, W)` (W first on CPU for up to
+`F.linear(x, W)` (x first) against `minibatch.engine.models.linear.linear(x, W)` (W first on CPU for up to
 SMALL_BATCH_ROWS rows), for every row count a step can have: the 30 layers' weights of the model
 (cold in cache, as in a real step: each layer's weights are read once per step) and its LM head.
 Runs alternate (A B A B ...); medians are printed, with the largest difference between the outputs.
@@ -14,9 +14,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from minibatch.models import load_model
-from minibatch.models.linear import SMALL_BATCH_ROWS, linear
-from minibatch.models.llama import LlamaModel
+from minibatch.engine.models import load_model
+from minibatch.engine.models.linear import SMALL_BATCH_ROWS, linear
+from minibatch.engine.models.llama import LlamaModel
 
 
 def time_ms(fn) -> float:

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from minibatch.models import load_hf
+from minibatch.engine.models import load_hf
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from minibatch.__main__ import main as cli
-from minibatch.bench import SYSTEM_NAMES, Scale, report, roofline, run_bench
+from minibatch.bench import report, roofline
+from minibatch.bench.suite import SYSTEM_NAMES, Scale, run_bench
 from minibatch.bench.check import compare, reference_outputs
 from minibatch.bench.peers import HFContinuous, HFGenerate
 from minibatch.bench.systems import Minibatch
@@ -124,7 +125,7 @@ def test_goals_are_not_judged_against_a_rejected_peer():
             result.outputs = corrupt(result.outputs)
             return result
 
-    from minibatch.models import load_hf
+    from minibatch.engine.models import load_hf
     hf, _ = load_hf("tiny")
     scale = Scale(**{**SMALL.__dict__, "batch_sizes": (2,), "reps": 1})
     out = run_bench("tiny", scale, systems=["minibatch-continuous", WrongGenerate(hf, 0)], online=False,
@@ -137,7 +138,7 @@ def test_goals_are_not_judged_against_a_rejected_peer():
 
 
 def test_reference_and_peers_run_past_the_models_own_eos():
-    from minibatch.models import load_hf
+    from minibatch.engine.models import load_hf
     hf, _ = load_hf("tiny")
     prompt = [5, 6, 7, 8, 9]
     free = reference_outputs(hf, [prompt], [8], use_tqdm=False)[0]
@@ -186,8 +187,8 @@ def test_roofline_arithmetic(tiny_hf):
 
 def test_saturating_batch_is_the_knee_of_the_roofline():
     from minibatch.bench.roofline import balance, saturating_batch
-    from minibatch.costmodel import ModelSize, RooflineCostModel
-    from minibatch.models.tiny import tiny_config
+    from minibatch.sim.costmodel import ModelSize, RooflineCostModel
+    from minibatch.engine.models.tiny import tiny_config
     size, context = ModelSize.of(tiny_config()), 64
     weights = 4 * (size.body_params + size.lm_head_params)
     memory_only = RooflineCostModel(float("inf"), 1e9, 0.0, 4, 1.0, size)

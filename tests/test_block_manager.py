@@ -1,7 +1,7 @@
 """The block manager: allocation on block boundaries, freeing, contiguous reservation, usage figures."""
 import pytest
 
-from minibatch.kv import BlockManager, blocks_for
+from minibatch.engine.kv import BlockManager, blocks_for
 
 
 def test_blocks_for_is_ceil_division():

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from minibatch import EngineConfig, capstone
+from minibatch import EngineConfig
+from minibatch.analysis import capstone
 from minibatch.checks import check_capstone
 from minibatch.config import ConfigError
-from minibatch.memory import KVShape
+from minibatch.analysis.memory import KVShape
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = EngineConfig(model="smollm2-135m", scheduler="static", max_batch_size=32, batch_timeout_s=2.0,

@@ -12,13 +12,13 @@ import json
 import pytest
 
 from minibatch import LLM, ConfigError, EngineConfig, SamplingParams, WorkloadRequest
-from minibatch.clock import RealClock, SimulatedClock, make_clock
-from minibatch.costmodel import (LinearCostModel, ModelSize, RooflineCostModel, StepShape, cost_model, list_profiles,
+from minibatch.sim.clock import RealClock, SimulatedClock, make_clock
+from minibatch.sim.costmodel import (LinearCostModel, ModelSize, RooflineCostModel, StepShape, cost_model, list_profiles,
                                  load_profile)
-from minibatch.models.tiny import smollm2_shaped_config
-from minibatch.request import Request
-from minibatch.schedulers import ScheduledSeq, StepPlan
-from minibatch.workload import Poisson, Uniform, make_workload
+from minibatch.engine.models.tiny import smollm2_shaped_config
+from minibatch.engine.request import Request
+from minibatch.engine.schedulers import ScheduledSeq, StepPlan
+from minibatch.workloads import Poisson, Uniform, make_workload
 
 
 def request(prompt_len: int, computed: int = 0, outputs: int = 0) -> Request:

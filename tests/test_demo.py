@@ -4,7 +4,7 @@ that both schedulers produced the same tokens, and the command line."""
 import pytest
 
 from minibatch.__main__ import main
-from minibatch.demo import Comparison, compare, demo_workload, table, verdict
+from minibatch.bench.demo import Comparison, compare, demo_workload, table, verdict
 from minibatch.viz import slot_occupancy
 
 

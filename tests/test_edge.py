@@ -4,8 +4,8 @@ import pytest
 
 from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest
 from minibatch.widgets import EdgeModePanel
-from minibatch.workload import make_workload
-from minibatch.distributions import Fixed, Poisson
+from minibatch.workloads import make_workload
+from minibatch.workloads.distributions import Fixed, Poisson
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ import torch
 from transformers import LlamaConfig
 
 from minibatch import LLM, EngineConfig, SamplingParams
-from minibatch.models import load_hf
-from minibatch.models.tiny import random_llama
+from minibatch.engine.models import load_hf
+from minibatch.engine.models.tiny import random_llama
 from tests.conftest import reference_greedy
 
 PROMPTS = [[5, 6, 7, 8, 9], list(range(20, 57)), [42], list(range(100, 190)), [3] * 17, list(range(60, 75))]

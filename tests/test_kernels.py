@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibatch.kernels import AttentionMetadata, get_backend
+from minibatch.engine.kernels import AttentionMetadata, get_backend
 
 # fp32 throughout; the backends differ only in summation order (and the naive loop runs in fp64).
 ATOL, RTOL = 1e-5, 1e-4

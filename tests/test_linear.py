@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibatch.models.linear import SMALL_BATCH_ROWS, linear
+from minibatch.engine.models.linear import SMALL_BATCH_ROWS, linear
 
 
 @settings(max_examples=40, deadline=None)

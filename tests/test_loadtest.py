@@ -5,11 +5,12 @@ import json
 
 import pytest
 
-from minibatch import EngineConfig, SamplingParams, WorkloadRequest, loadtest
-from minibatch.distributions import Fixed, Poisson, Uniform
-from minibatch.server import ServerThread
-from minibatch.sla import SLA, evaluate
-from minibatch.workload import ClosedLoop, make_workload
+from minibatch import EngineConfig, SamplingParams, WorkloadRequest
+from minibatch.serving import loadtest
+from minibatch.workloads.distributions import Fixed, Poisson, Uniform
+from minibatch.serving.server import ServerThread
+from minibatch.analysis.sla import SLA, evaluate
+from minibatch.workloads import ClosedLoop, make_workload
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest
 from minibatch.config import ConfigError
-from minibatch.kv import BlockManager, blocks_for
-from minibatch.memory import LLAMA2_7B, BlockTableRecorder, KVHolding, KVShape, KVSpec, capacity, memory_report
-from minibatch.metrics import RunReport, StepRecord
+from minibatch.engine.kv import BlockManager, blocks_for
+from minibatch.analysis.memory import LLAMA2_7B, BlockTableRecorder, KVHolding, KVShape, KVSpec, capacity, memory_report
+from minibatch.analysis.metrics import RunReport, StepRecord
 
 
 def test_bytes_per_token_follows_the_formula():

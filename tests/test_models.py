@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import GPT2Config, LlamaConfig, MistralConfig
 
-from minibatch.models import KNOWN_MODELS, load_hf, load_model, prepare_default_model, rope_theta
-from minibatch.models import smollm2
-from minibatch.models.tiny import random_llama, tiny_tokenizer
+from minibatch.engine.models import KNOWN_MODELS, load_hf, load_model, prepare_default_model, rope_theta
+from minibatch.engine.models import smollm2
+from minibatch.engine.models.tiny import random_llama, tiny_tokenizer
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -3,7 +3,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest
-from minibatch.monitoring import EngineMetrics, engine_metrics, exposition, histogram_buckets, histogram_quantile
+from minibatch.serving.monitoring import EngineMetrics, engine_metrics, exposition, histogram_buckets, histogram_quantile
 
 
 def samples(text: str) -> dict:

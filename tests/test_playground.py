@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from minibatch import LLM, EngineConfig
-from minibatch.distributions import Fixed, Poisson
+from minibatch.workloads.distributions import Fixed, Poisson
 from minibatch.widgets import PlaygroundPanel
-from minibatch.workload import make_workload
+from minibatch.workloads import make_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20

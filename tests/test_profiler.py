@@ -5,10 +5,10 @@ import torch
 from matplotlib.figure import Figure
 
 from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest
-from minibatch.cuda_graphs import CudaGraphRunner, decode_attention
-from minibatch.kernels import AttentionMetadata, torch_ref
-from minibatch.profiler import MODEL_PARTS, PARTS, breakdown, profile_decode
-from minibatch.runner import ModelRunner
+from minibatch.engine.cuda_graphs import CudaGraphRunner, decode_attention
+from minibatch.engine.kernels import AttentionMetadata, torch_ref
+from minibatch.analysis.profiler import MODEL_PARTS, PARTS, breakdown, profile_decode
+from minibatch.engine.runner import ModelRunner
 from minibatch.viz import step_profile
 from tests.conftest import reference_greedy
 

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibatch import LLM, EngineConfig, SamplingParams
-from minibatch.sampling import filter_logits
+from minibatch.engine.sampling import filter_logits
 
 
 def kept(logits, **kw):

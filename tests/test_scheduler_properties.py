@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minibatch import EngineConfig, SamplingParams
-from minibatch.engine import LLMEngine
-from minibatch.kv import blocks_for
+from minibatch.engine.llm_engine import LLMEngine
+from minibatch.engine.kv import blocks_for
 
 
 class StubRunner:

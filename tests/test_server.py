@@ -10,7 +10,7 @@ from openai import BadRequestError, NotFoundError, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from minibatch import LLM, EngineConfig, SamplingParams
-from minibatch.server import ServerProcess, ServerThread
+from minibatch.serving.server import ServerProcess, ServerThread
 
 TINY = dict(model="tiny", max_batch_size=16, num_kv_blocks=256)
 

@@ -5,10 +5,10 @@ from dataclasses import replace
 import pytest
 
 from minibatch import LLM, ConfigError, EngineConfig
-from minibatch.metrics import RequestMetrics, RunReport
-from minibatch.sla import SLA, evaluate, goodput
-from minibatch.tune import KNOBS, _rank, tune
-from minibatch.workload import ClosedLoop, Poisson, Uniform, make_workload
+from minibatch.analysis.metrics import RequestMetrics, RunReport
+from minibatch.analysis.sla import SLA, evaluate, goodput
+from minibatch.analysis.tune import KNOBS, _rank, tune
+from minibatch.workloads import ClosedLoop, Poisson, Uniform, make_workload
 
 BASE = EngineConfig(model="tiny")
 SPACE = {"max_batch_size": (1, 2, 4, 8, 16), "batch_timeout_s": (0.0, 0.2, 1.0), "max_tokens_per_step": (32, 512)}

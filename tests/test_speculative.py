@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from minibatch import LLM, ConfigError, EngineConfig, SamplingParams
-from minibatch.kv import BlockManager, blocks_for
-from minibatch.metrics import speculation_summary
-from minibatch.models.tiny import random_llama, tiny_config
-from minibatch.sampling import filter_logits
-from minibatch.speculative import expected_tokens_per_step, ngram_propose, verify_greedy, verify_sampled
+from minibatch.engine.kv import BlockManager, blocks_for
+from minibatch.analysis.metrics import speculation_summary
+from minibatch.engine.models.tiny import random_llama, tiny_config
+from minibatch.engine.sampling import filter_logits
+from minibatch.engine.speculative import expected_tokens_per_step, ngram_propose, verify_greedy, verify_sampled
 from tests.conftest import reference_greedy
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], list(range(20, 57)), [42], [3] * 17,
@@ -236,7 +236,7 @@ def test_bad_speculative_settings_fail_clearly(tmp_path):
 def test_compare_speculation_rows_on_the_same_tokens(noisy_draft):
     """One row per engine, plain first; the speculative row reports acceptance and a step cost from
     its own steps, and an engine that changes the tokens is refused."""
-    from minibatch.speculative_bench import compare_speculation
+    from minibatch.bench.speculative import compare_speculation
 
     base = dict(model="tiny", scheduler="edge", num_speculative_tokens=3)
     engines = {"plain": LLM(EngineConfig(model="tiny", scheduler="edge")),
@@ -255,7 +255,7 @@ def test_compare_speculation_rows_on_the_same_tokens(noisy_draft):
 def test_speedup_by_batch_reports_what_makes_the_speedup():
     import matplotlib
     matplotlib.use("Agg")
-    from minibatch.speculative_bench import speedup_by_batch
+    from minibatch.bench.speculative import speedup_by_batch
     from minibatch.viz import speedup_vs_batch
 
     plain = LLM(EngineConfig(model="tiny", max_batch_size=4))

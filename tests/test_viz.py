@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, strategies as st
 
 from minibatch import LLM, EngineConfig
-from minibatch.distributions import Poisson, Uniform
+from minibatch.workloads.distributions import Poisson, Uniform
 from minibatch.viz import (budget_tradeoff, decode_token_waits, latency_cdf, load_over_time, pareto_rows, sla_map,
                            step_durations, step_series, step_time_vs_tokens, step_tokens, throughput_latency)
 from minibatch.viz.phases import PREFILL_COLOUR
-from minibatch.workload import make_workload
+from minibatch.workloads import make_workload
 
 
 def simulated_run(num_kv_blocks=None, max_batch_size=4, n=12, rate=8.0):

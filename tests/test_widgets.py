@@ -7,9 +7,9 @@ matplotlib.use("Agg")
 import pytest
 
 from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest
-from minibatch.distributions import AllAtOnce, Fixed, Poisson
+from minibatch.workloads.distributions import AllAtOnce, Fixed, Poisson
 from minibatch.widgets import BatchingPanel, ChunkingPanel, Dashboard, TunerPanel
-from minibatch.workload import make_workload
+from minibatch.workloads import make_workload
 
 SIM = {"model": "tiny", "clock": "simulated", "sim_skip_model": True}
 

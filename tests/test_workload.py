@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from minibatch import LLM, ConfigError, EngineConfig, SamplingParams, WorkloadRequest, load_workload, save_workload
-from minibatch.workload import (AllAtOnce, Bursts, ClosedLoop, Empirical, Exponential, Fixed, LogNormal, Poisson,
+from minibatch.workloads import (AllAtOnce, Bursts, ClosedLoop, Empirical, Exponential, Fixed, LogNormal, Poisson,
                                 Uniform, load_prompts, make_workload)
 
 

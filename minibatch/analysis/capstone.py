@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from minibatch.config import ConfigError, EngineConfig
-from minibatch.llm import LLM
-from minibatch.metrics import RunReport, percentile
-from minibatch.sla import SLA
-from minibatch.speculative_bench import grounded_prompts
-from minibatch.workload import Poisson, Uniform, WorkloadRequest, load_prompts, make_workload
+from minibatch.engine.llm import LLM
+from minibatch.analysis.metrics import RunReport, percentile
+from minibatch.analysis.sla import SLA
+from minibatch.bench.speculative import grounded_prompts
+from minibatch.workloads import Poisson, Uniform, WorkloadRequest, load_prompts, make_workload
 
 MODEL = "smollm2-135m"
 SLAS = {"chat": SLA(ttft_s=4.0, tpot_s=0.5, percentile=95),         # a person waits for the first words

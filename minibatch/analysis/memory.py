@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 
 from minibatch.config import KV_LAYOUTS, ConfigError
-from minibatch.kv import BlockManager, blocks_for, kv_bytes_per_token
+from minibatch.engine.kv import BlockManager, blocks_for, kv_bytes_per_token
 
 GIB = 1 << 30
 
@@ -54,7 +54,7 @@ class KVShape:
     @classmethod
     def of_model(cls, model: str, dtype: str = "float32") -> "KVShape":
         """The shape of a registry model (e.g. "smollm2-135m"), read from its config: no weights are loaded."""
-        from minibatch.sim import load_model_spec
+        from minibatch.sim.stand_ins import load_model_spec
 
         cfg = load_model_spec(model).config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

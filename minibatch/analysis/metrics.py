@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from minibatch.request import Request
+from minibatch.engine.request import Request
 
 
 @dataclass
@@ -115,12 +115,12 @@ class RunReport:
 
     def profile(self, decode_only: bool = True) -> dict:
         """Median seconds per step part and the overhead share, for runs with EngineConfig(profile_steps=True)."""
-        from minibatch.profiler import profile_summary   # imported here: the profiler module imports torch
+        from minibatch.analysis.profiler import profile_summary   # imported here: the profiler module imports torch
         return profile_summary(self.steps, decode_only)
 
     def memory(self, engine) -> dict:
-        """Reserved versus used KV bytes, waste, most sequences in the cache at once (see minibatch.memory)."""
-        from minibatch.memory import memory_report   # imported here: the memory module imports torch
+        """Reserved versus used KV bytes, waste, most sequences in the cache at once (see minibatch.analysis.memory)."""
+        from minibatch.analysis.memory import memory_report   # imported here: the memory module imports torch
         return memory_report(self, engine)
 
     def to_dict(self) -> dict:

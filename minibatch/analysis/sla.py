@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minibatch.config import ConfigError
-from minibatch.metrics import RequestMetrics, RunReport, percentile
+from minibatch.analysis.metrics import RequestMetrics, RunReport, percentile
 
 METRICS = ("ttft", "tpot", "e2e")
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from minibatch.config import EngineConfig, SamplingParams
-from minibatch.llm import LLM
-from minibatch.metrics import RunReport
-from minibatch.workload import WorkloadRequest
+from minibatch.engine.llm import LLM
+from minibatch.analysis.metrics import RunReport
+from minibatch.workloads import WorkloadRequest
 
 QUESTIONS = [  # short chat questions; the workload cycles through them
     "What is the capital of France?", "Give me three tips for a good night's sleep.",

@@ -7,7 +7,7 @@ backend over a grid of context lengths and batch sizes, on shapes of the default
 It prints the median (or the minimum) over repeats and the ratio `torch time / backend time` (above 1: faster
 than torch). The metadata is reused across repeats, as the layers of one step reuse it.
 
-    python -m minibatch.kernels.bench            # CPU: torch vs numba
+    python -m minibatch.bench.kernels            # CPU: torch vs numba
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from minibatch.kernels import AttentionMetadata, get_backend
+from minibatch.engine.kernels import AttentionMetadata, get_backend
 
 
 def _decode_batch(batch_size, context_len, num_kv_heads, group, head_dim, block_size, device, seed):

@@ -8,7 +8,7 @@ do 2 FLOPs per weight per sequence (plus the attention products). So its time is
 
 Both peaks are measured here, on this machine: bandwidth as the speed of copying a tensor much
 larger than the CPU's caches, peak FLOP/s as the speed of a large fp32 matrix product. The bytes
-and FLOPs of a step come from `minibatch.costmodel` (the roofline cost model, with the measured
+and FLOPs of a step come from `minibatch.sim.costmodel` (the roofline cost model, with the measured
 peaks, full efficiency and no overhead). Also measured: the engine's own time per step, outside
 the model's forward pass (scheduling, input preparation, sampling, bookkeeping).
 """
@@ -24,10 +24,10 @@ import torch
 import transformers
 
 from minibatch.config import EngineConfig, SamplingParams
-from minibatch.costmodel import ModelSize, RooflineCostModel, StepShape
-from minibatch.kv import blocks_for
-from minibatch.llm import LLM
-from minibatch.profiler import profile_decode
+from minibatch.sim.costmodel import ModelSize, RooflineCostModel, StepShape
+from minibatch.engine.kv import blocks_for
+from minibatch.engine.llm import LLM
+from minibatch.analysis.profiler import profile_decode
 
 COPY_BYTES = 256 << 20   # size of the copied tensor: far larger than any CPU cache
 OVERHEAD_BATCH = 32      # batch size at which the engine's overhead share is measured

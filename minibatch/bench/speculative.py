@@ -20,9 +20,9 @@ import statistics
 import time
 
 from minibatch.config import SamplingParams
-from minibatch.metrics import speculation_summary
-from minibatch.speculative import expected_tokens_per_step
-from minibatch.workload import load_prompts
+from minibatch.analysis.metrics import speculation_summary
+from minibatch.engine.speculative import expected_tokens_per_step
+from minibatch.workloads import load_prompts
 
 FREE_PROMPTS = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
                 "Describe your ideal weekend in a small mountain village."]

@@ -35,9 +35,9 @@ from minibatch.bench.peers import HFContinuous, HFGenerate
 from minibatch.bench.systems import Minibatch, RunResult, System
 from minibatch.bench.workloads import FULL, QUICK, BenchWorkload, Scale, offline_workload
 from minibatch.config import ConfigError, EngineConfig
-from minibatch.engine import resolve_device_dtype
-from minibatch.models import load_hf
-from minibatch.models.registry import resolve
+from minibatch.engine.llm_engine import resolve_device_dtype
+from minibatch.engine.models import load_hf
+from minibatch.engine.models.registry import resolve
 
 SYSTEM_NAMES = ("minibatch-continuous", "minibatch-static", "hf-generate", "hf-continuous")
 

@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 
 from minibatch.config import EngineConfig, SamplingParams
-from minibatch.kv import blocks_for
-from minibatch.llm import LLM
-from minibatch.metrics import RunReport
-from minibatch.workload import WorkloadRequest
+from minibatch.engine.kv import blocks_for
+from minibatch.engine.llm import LLM
+from minibatch.analysis.metrics import RunReport
+from minibatch.workloads import WorkloadRequest
 
 BLOCK_SIZE = 16   # KV block (page) size in tokens for every paged system, minibatch's default
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minibatch.distributions import AllAtOnce, Exponential, LogNormal, Poisson
-from minibatch.workload import make_workload
+from minibatch.workloads.distributions import AllAtOnce, Exponential, LogNormal, Poisson
+from minibatch.workloads import make_workload
 
 
 @dataclass(frozen=True)

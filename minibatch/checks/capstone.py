@@ -5,7 +5,7 @@ from minibatch.checks.core import checker, describe
 
 @checker("choose_config()")
 def check_capstone(choose_config):
-    from minibatch import capstone
+    from minibatch.analysis import capstone
     from minibatch.config import ConfigError, EngineConfig
 
     try:

@@ -28,9 +28,9 @@ class Waiting:
 def _continuous_engine_step(running, waiting, max_batch_size, token_budget, free_blocks, block_size):
     """(leaving ids, [(joining id, tokens it computes)]) by the engine's own ContinuousScheduler."""
     from minibatch.config import EngineConfig, SamplingParams
-    from minibatch.kv import BlockManager
-    from minibatch.request import Request
-    from minibatch.schedulers import ContinuousScheduler
+    from minibatch.engine.kv import BlockManager
+    from minibatch.engine.request import Request
+    from minibatch.engine.schedulers import ContinuousScheduler
 
     config = EngineConfig(model="tiny", max_batch_size=max_batch_size, max_tokens_per_step=token_budget,
                           block_size=block_size)

@@ -8,9 +8,9 @@ from minibatch.checks.core import Case, check_cases, checker
 def _engine_timeout_rule(arrivals, now, max_batch_size, batch_timeout_s):
     """(batch_ready(now), wake_time()) of the engine's own Scheduler with requests waiting since `arrivals`."""
     from minibatch.config import EngineConfig, SamplingParams
-    from minibatch.kv import BlockManager
-    from minibatch.request import Request
-    from minibatch.schedulers import Scheduler
+    from minibatch.engine.kv import BlockManager
+    from minibatch.engine.request import Request
+    from minibatch.engine.schedulers import Scheduler
 
     config = EngineConfig(model="tiny", max_batch_size=max_batch_size, batch_timeout_s=batch_timeout_s)
     scheduler = Scheduler(config, BlockManager(1, 16))
@@ -41,9 +41,9 @@ def _serve_with_rule(scheduler: str, batch_ready=None, wake_time=None) -> list[t
     """(first token time, finish time) per request of a simulated run of `tiny`, with the engine's
     timeout rule, or with the given functions in its place."""
     from minibatch.config import EngineConfig
-    from minibatch.distributions import Poisson, Uniform
-    from minibatch.llm import LLM
-    from minibatch.workload import make_workload
+    from minibatch.workloads.distributions import Poisson, Uniform
+    from minibatch.engine.llm import LLM
+    from minibatch.workloads import make_workload
 
     llm = LLM(EngineConfig(model="tiny", scheduler=scheduler, clock="simulated", sim_skip_model=True,
                            max_batch_size=4, batch_timeout_s=0.3))

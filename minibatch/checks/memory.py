@@ -14,7 +14,7 @@ KV_SHAPES = [  # (name, layers, KV heads, head dim, bytes per element)
 
 def _sequences_admitted(budget_bytes, bytes_per_token, block_size, tokens_per_seq):
     """How many sequences of tokens_per_seq tokens the engine's BlockManager holds in this budget."""
-    from minibatch.kv import BlockManager
+    from minibatch.engine.kv import BlockManager
 
     blocks = BlockManager(budget_bytes // (bytes_per_token * block_size), block_size)
     count = 0
@@ -28,7 +28,7 @@ def _sequences_admitted(budget_bytes, bytes_per_token, block_size, tokens_per_se
          "max_sequences(budget_bytes, bytes_per_token, block_size, tokens_per_seq)")
 def check_kv_capacity(kv_bytes_per_token, max_sequences):
     """Bytes per token against the engine's formula; sequences per budget against a BlockManager filled up."""
-    from minibatch.kv import kv_bytes_per_token as reference
+    from minibatch.engine.kv import kv_bytes_per_token as reference
 
     dtypes = {4: torch.float32, 2: torch.float16}
     n = check_cases(kv_bytes_per_token, [Case((layers, heads, dim, size), reference(layers, heads, dim, dtypes[size]))
@@ -57,7 +57,7 @@ def check_append_token(append_token):
     """Grow sequences one token at a time beside the engine's BlockManager: same slots, tables, free lists."""
     from collections import deque
 
-    from minibatch.kv import BlockManager
+    from minibatch.engine.kv import BlockManager
 
     count = 0
     for block_size, order, prompt, new_tokens in _growth_cases():
@@ -93,7 +93,7 @@ def _decode_case(seed, block_size, num_kv_heads, group, head_dim, context_len):
 
 def _reference_decode(query, k_cache, v_cache, block_table, context_len, scale):
     """The torch reference backend on a batch of one decoding sequence; (Hq, D) numpy."""
-    from minibatch.kernels import AttentionMetadata, get_backend
+    from minibatch.engine.kernels import AttentionMetadata, get_backend
 
     meta = AttentionMetadata.build([1], [context_len], [block_table], "cpu")
     out = get_backend("torch").attention(torch.from_numpy(query)[None], torch.from_numpy(k_cache),

@@ -6,10 +6,10 @@ from minibatch.checks.core import Case, check_cases, checker
 def _served_histograms() -> list[list[tuple[float, float]]]:
     """Cumulative buckets of the TTFT, TPOT and e2e histograms of a simulated run of `tiny`."""
     from minibatch.config import EngineConfig
-    from minibatch.distributions import Poisson, Uniform
-    from minibatch.llm import LLM
-    from minibatch.monitoring import exposition, histogram_buckets
-    from minibatch.workload import make_workload
+    from minibatch.workloads.distributions import Poisson, Uniform
+    from minibatch.engine.llm import LLM
+    from minibatch.serving.monitoring import exposition, histogram_buckets
+    from minibatch.workloads import make_workload
 
     llm = LLM(EngineConfig(model="tiny", clock="simulated", sim_skip_model=True, max_batch_size=8))
     llm.run(make_workload(60, arrival=Poisson(20.0), output_len=Uniform(2, 40), seed=11), use_tqdm=False)
@@ -20,7 +20,7 @@ def _served_histograms() -> list[list[tuple[float, float]]]:
 
 @checker("histogram_quantile(q, buckets)")
 def check_histogram_quantile(histogram_quantile):
-    from minibatch.monitoring import histogram_quantile as reference
+    from minibatch.serving.monitoring import histogram_quantile as reference
 
     inf = float("inf")
     hand = [(0.1, 2.0), (0.5, 6.0), (1.0, 8.0), (inf, 10.0)]

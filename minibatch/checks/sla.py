@@ -8,9 +8,9 @@ from minibatch.checks.core import Case, check_cases, checker
 def _simulated_requests():
     """(arrival_time, token_times, the engine's RequestMetrics) of requests served on the simulated clock."""
     from minibatch.config import EngineConfig
-    from minibatch.llm import LLM
-    from minibatch.metrics import RequestMetrics
-    from minibatch.workload import Poisson, Uniform, make_workload
+    from minibatch.engine.llm import LLM
+    from minibatch.analysis.metrics import RequestMetrics
+    from minibatch.workloads import Poisson, Uniform, make_workload
 
     llm = LLM(EngineConfig(model="tiny", clock="simulated", sim_skip_model=True, max_batch_size=4))
     llm.run(make_workload(24, Poisson(rate=3.0), output_len=Uniform(1, 12), seed=10), use_tqdm=False)
@@ -34,8 +34,8 @@ def check_latency_metrics(request_latencies, percentile):
 def _sweep_rows() -> list[dict]:
     """A small sweep on the simulated clock: one row (knobs + summary) per configuration."""
     from minibatch.config import EngineConfig
-    from minibatch.llm import LLM
-    from minibatch.workload import Poisson, Uniform, make_workload
+    from minibatch.engine.llm import LLM
+    from minibatch.workloads import Poisson, Uniform, make_workload
 
     workload = make_workload(40, Poisson(rate=4.0), output_len=Uniform(4, 32), seed=11)
     rows = []

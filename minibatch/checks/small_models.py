@@ -8,8 +8,8 @@ from minibatch.checks.core import Case, check_cases, checker
 @checker("overhead_share(parts)")
 def check_overhead_share(overhead_share):
     """The share of a step outside the model's arithmetic, against the profiler's own answer."""
-    from minibatch.profiler import MODEL_PARTS, PARTS
-    from minibatch.profiler import overhead_share as reference
+    from minibatch.analysis.profiler import MODEL_PARTS, PARTS
+    from minibatch.analysis.profiler import overhead_share as reference
 
     rng = np.random.default_rng(8)
     profiles = [{p: float(t) for p, t in zip(PARTS, rng.exponential(1e-3, len(PARTS)))} for _ in range(6)]

@@ -9,7 +9,7 @@ from minibatch.checks.core import Case, check_cases, checker
 def check_speculation_speedup(expected_tokens_per_step, speedup):
     """Tokens per step 1 + a + ... + a^k, and the speed-up E / (1 + k * draft_cost) when verifying
     k + 1 tokens costs one model step and drafting one token costs draft_cost steps."""
-    from minibatch.speculative import expected_tokens_per_step as reference
+    from minibatch.engine.speculative import expected_tokens_per_step as reference
 
     grid = [(a, k) for a in (0.0, 0.3, 0.6, 0.9, 1.0) for k in (1, 3, 6)]
     n = check_cases(expected_tokens_per_step, [Case((a, k), reference(a, k)) for a, k in grid])
@@ -20,7 +20,7 @@ def check_speculation_speedup(expected_tokens_per_step, speedup):
 @checker("verify_greedy(draft_token_ids, target_token_ids)")
 def check_verify_greedy(verify_greedy):
     """Keep drafts while they equal the model's argmax, then add the model's own token: against the engine's rule."""
-    from minibatch.speculative import verify_greedy as reference
+    from minibatch.engine.speculative import verify_greedy as reference
 
     hand = [([4, 5, 6], [4, 5, 6, 7]), ([4, 5, 6], [4, 9, 6, 7]), ([4, 5, 6], [8, 5, 6, 7]), ([], [3]),
             ([2, 2], [2, 3, 2])]

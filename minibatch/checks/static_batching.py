@@ -19,9 +19,9 @@ class Queued:
 def _static_engine_admits(waiting, batch_running, now, max_batch_size, batch_timeout_s, free_blocks, block_size):
     """Who the engine's own StaticScheduler admits in this situation (request ids, in order)."""
     from minibatch.config import EngineConfig, SamplingParams
-    from minibatch.kv import BlockManager, blocks_for
-    from minibatch.request import Request
-    from minibatch.schedulers import StaticScheduler
+    from minibatch.engine.kv import BlockManager, blocks_for
+    from minibatch.engine.request import Request
+    from minibatch.engine.schedulers import StaticScheduler
 
     config = EngineConfig(model="tiny", scheduler="static", max_batch_size=max_batch_size,
                           batch_timeout_s=batch_timeout_s, block_size=block_size)

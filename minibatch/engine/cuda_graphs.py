@@ -24,8 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minibatch.kernels import torch_ref
-from minibatch.kv import blocks_for
+from minibatch.engine.kernels import torch_ref
+from minibatch.engine.kv import blocks_for
 
 
 def decode_attention(query, k_cache, v_cache, meta, scale):

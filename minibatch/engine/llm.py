@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from minibatch.config import ConfigError, EngineConfig, SamplingParams
-from minibatch.engine import LLMEngine
-from minibatch.metrics import RequestMetrics, RunReport
-from minibatch.request import Request
-from minibatch.tokens import is_chat
-from minibatch.workload import WorkloadRequest
+from minibatch.engine.llm_engine import LLMEngine
+from minibatch.analysis.metrics import RequestMetrics, RunReport
+from minibatch.engine.request import Request
+from minibatch.engine.tokens import is_chat
+from minibatch.workloads import WorkloadRequest
 
 
 @dataclass

@@ -10,23 +10,23 @@ import time
 
 import torch
 
-from minibatch import sim
-from minibatch.clock import make_clock
+from minibatch.sim import stand_ins as sim
+from minibatch.sim.clock import make_clock
 from minibatch.config import ConfigError, EngineConfig, SamplingParams
-from minibatch.cuda_graphs import with_cuda_graphs
-from minibatch.kernels import get_backend
-from minibatch.kv import BlockManager, KVCache, blocks_for, kv_bytes_per_token
-from minibatch.memory import BlockTableRecorder
-from minibatch.metrics import StepRecord
-from minibatch.models import load_model
-from minibatch.models.llama import LlamaModel
-from minibatch.profiler import StepProfiler
-from minibatch.request import Request
-from minibatch.runner import ModelRunner
-from minibatch.sampling import Sampler
-from minibatch.schedulers import StepPlan, make_scheduler
-from minibatch.speculative import make_speculator
-from minibatch.tokens import PromptEncoder
+from minibatch.engine.cuda_graphs import with_cuda_graphs
+from minibatch.engine.kernels import get_backend
+from minibatch.engine.kv import BlockManager, KVCache, blocks_for, kv_bytes_per_token
+from minibatch.analysis.memory import BlockTableRecorder
+from minibatch.analysis.metrics import StepRecord
+from minibatch.engine.models import load_model
+from minibatch.engine.models.llama import LlamaModel
+from minibatch.analysis.profiler import StepProfiler
+from minibatch.engine.request import Request
+from minibatch.engine.runner import ModelRunner
+from minibatch.engine.sampling import Sampler
+from minibatch.engine.schedulers import StepPlan, make_scheduler
+from minibatch.engine.speculative import make_speculator
+from minibatch.engine.tokens import PromptEncoder
 
 DEFAULT_MAX_MODEL_LEN = 4096   # cap on the model's own context, so the default KV budget holds several sequences
 

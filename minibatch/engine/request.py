@@ -3,7 +3,7 @@
 A request is WAITING in the queue, RUNNING once the scheduler has given it a slot, PREEMPTED when
 its KV blocks were taken back (it waits again and recomputes what it had), and FINISHED exactly
 once, with a finish reason ("stop", "length" or "abort"). Time stamps are in seconds on the
-engine's clock; the latency metrics (TTFT, TPOT, e2e) are computed from them in `metrics.py`.
+engine's clock; the latency metrics (TTFT, TPOT, e2e) are computed from them in `minibatch.analysis.metrics`.
 """
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from minibatch.kernels import AttentionMetadata
-from minibatch.kv import BlockManager, KVCache
-from minibatch.models.llama import LlamaModel
-from minibatch.schedulers import StepPlan
+from minibatch.engine.kernels import AttentionMetadata
+from minibatch.engine.kv import BlockManager, KVCache
+from minibatch.engine.models.llama import LlamaModel
+from minibatch.engine.schedulers import StepPlan
 
 
 class ModelRunner:

@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from minibatch.config import ConfigError
-from minibatch.kernels import AttentionMetadata
-from minibatch.kv import KVCache
-from minibatch.models import load_model
-from minibatch.models.llama import LlamaModel
-from minibatch.sampling import filter_logits
+from minibatch.engine.kernels import AttentionMetadata
+from minibatch.engine.kv import KVCache
+from minibatch.engine.models import load_model
+from minibatch.engine.models.llama import LlamaModel
+from minibatch.engine.sampling import filter_logits
 
 
 def expected_tokens_per_step(acceptance_rate: float, k: int) -> float:

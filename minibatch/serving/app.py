@@ -21,12 +21,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from minibatch.config import ConfigError, SamplingParams
-from minibatch.engine import LLMEngine
-from minibatch.monitoring import CONTENT_TYPE
+from minibatch.engine.llm_engine import LLMEngine
+from minibatch.serving.monitoring import CONTENT_TYPE
 from minibatch.serving.engine_thread import EngineThread, Job
 from minibatch.serving.protocol import (APIError, ChatCompletionRequest, CompletionRequest, completion_body,
                                         new_id, usage)
-from minibatch.tokens import PromptEncoder
+from minibatch.engine.tokens import PromptEncoder
 
 DEFAULT_COMPLETION_TOKENS = 16   # OpenAI's default max_tokens for /v1/completions
 

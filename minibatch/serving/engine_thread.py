@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass
 
 from minibatch.config import SamplingParams
-from minibatch.engine import LLMEngine
+from minibatch.engine.llm_engine import LLMEngine
 from minibatch.serving.protocol import APIError
 from minibatch.serving.text import TextStream
 

@@ -34,16 +34,16 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minibatch.config import ConfigError
-from minibatch.distributions import AllAtOnce, Fixed, LogNormal, Poisson
-from minibatch.metrics import RequestMetrics, RunReport, percentile
-from minibatch.sla import SLA, evaluate
-from minibatch.workload import ClosedLoop, WorkloadRequest, load_workload, make_workload
+from minibatch.workloads.distributions import AllAtOnce, Fixed, LogNormal, Poisson
+from minibatch.analysis.metrics import RequestMetrics, RunReport, percentile
+from minibatch.analysis.sla import SLA, evaluate
+from minibatch.workloads import ClosedLoop, WorkloadRequest, load_workload, make_workload
 
 
 @dataclass
 class LoadReport(RunReport):
     """What the client saw: one RequestMetrics per request (e2e None if it failed), the gaps between
-    streamed chunks, and the errors. A RunReport without steps, so `minibatch.sla` evaluates it too."""
+    streamed chunks, and the errors. A RunReport without steps, so `minibatch.analysis.sla` evaluates it too."""
 
     itl: list[float] = field(default_factory=list)      # every gap between streamed chunks, seconds
     errors: list[str] = field(default_factory=list)     # one line per failed request
@@ -157,7 +157,7 @@ def format_summary(summary: dict) -> str:
 def add_arguments(parser) -> None:
     parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", default=None, help="model name to send (default: the first in /v1/models)")
-    parser.add_argument("--workload", default=None, help="a JSONL trace (minibatch.workload); else one is drawn")
+    parser.add_argument("--workload", default=None, help="a JSONL trace (minibatch.workloads); else one is drawn")
     parser.add_argument("--num-requests", type=int, default=50, help="requests to draw (default: 50)")
     parser.add_argument("--rate", type=float, default=None, help="Poisson arrivals per second (default: all at once)")
     parser.add_argument("--users", type=int, default=None, help="closed loop: this many users instead of arrival times")

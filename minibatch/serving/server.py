@@ -38,8 +38,8 @@ import httpx
 import uvicorn
 
 from minibatch.config import ConfigError, EngineConfig
-from minibatch.engine import LLMEngine
-from minibatch.monitoring import engine_metrics
+from minibatch.engine.llm_engine import LLMEngine
+from minibatch.serving.monitoring import engine_metrics
 from minibatch.serving.app import OpenAIServer, build_app
 from minibatch.serving.body_limit import BodyLimit
 from minibatch.serving.flags import add_engine_arguments, engine_config_from_args

@@ -1,7 +1,7 @@
 """Where the engine's time comes from.
 
 `RealClock` reads the wall clock: timings are what this machine really did.
-`SimulatedClock` keeps its own time: a step lasts what a cost model (`minibatch.costmodel`) says a
+`SimulatedClock` keeps its own time: a step lasts what a cost model (`minibatch.sim.costmodel`) says a
 step of that shape lasts, and waiting for the next arrival takes no time at all. The scheduler,
 the KV accounting and the metrics run for real either way; only the source of time differs, so
 a simulated run is deterministic and can serve thousands of requests in seconds.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from minibatch.costmodel import CostModel, cost_model
+from minibatch.sim.costmodel import CostModel, cost_model
 
 
 class RealClock:

@@ -6,12 +6,12 @@ shape into seconds:
 
 - `LinearCostModel`, MEASURED: a fixed per-step overhead plus a cost per prefill token, per
   decode sequence and per KV token read, fitted by least squares to real step times
-  (`minibatch.calibrate`). The shipped profile `smollm2-135m-cpu` was measured this way.
+  (`minibatch.analysis.calibrate`). The shipped profile `smollm2-135m-cpu` was measured this way.
 - `RooflineCostModel`, MODELLED: for hardware you do not have (an H100-class GPU, a phone).
   A step costs its overhead plus the longer of its compute time (FLOPs / peak FLOP/s) and its
   memory time (bytes moved / bandwidth). No such machine was measured: these are estimates.
 
-Profiles are JSON files: the shipped ones live in `minibatch/profiles/` and are loaded by name
+Profiles are JSON files: the shipped ones live in `minibatch/sim/profiles/` and are loaded by name
 (`load_profile("smollm2-135m-cpu")`); any other profile is loaded by its path.
 """
 from __future__ import annotations

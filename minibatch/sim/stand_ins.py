@@ -12,10 +12,10 @@ from __future__ import annotations
 import functools
 import pathlib
 
-from minibatch.models import LoadedModel, check_supported, prepare_default_model
-from minibatch.models.loader import TOKENIZER_FILES
-from minibatch.models.registry import resolve
-from minibatch.models.tiny import smollm2_shaped_config, tiny_config, tiny_tokenizer
+from minibatch.engine.models import LoadedModel, check_supported, prepare_default_model
+from minibatch.engine.models.loader import TOKENIZER_FILES
+from minibatch.engine.models.registry import resolve
+from minibatch.engine.models.tiny import smollm2_shaped_config, tiny_config, tiny_tokenizer
 
 
 @functools.lru_cache(maxsize=8)

@@ -86,7 +86,7 @@ def _roofline(ax, roof):
 
 
 def balance_figure(costs: dict, context: int = 512, max_batch: int = 1024) -> Figure:
-    """For each (model, machine) cost model (`minibatch.costmodel.RooflineCostModel`): decode tokens/s
+    """For each (model, machine) cost model (`minibatch.sim.costmodel.RooflineCostModel`): decode tokens/s
     against batch size, its saturating batch marked (`minibatch.bench.roofline.saturating_batch`), and
     the share of a step that is fixed overhead."""
     from minibatch.bench.roofline import saturating_batch, step_parts

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from minibatch.metrics import RunReport
+from minibatch.analysis.metrics import RunReport
 
 PHASE_COLOURS = {"queued": "#bbbbbb", "to first token": "#fdae61", "generating": "#2c7bb6"}
 LATENCIES = (("ttft", "p50 TTFT"), ("tpot", "p50 TPOT"), ("e2e", "p50 e2e"))
@@ -56,7 +56,7 @@ def edge_vs_server(reports: Mapping[str, RunReport], current: str) -> Figure:
 
 def speculation_speedups(results: Mapping[str, list[dict]]) -> Figure:
     """Grouped bars: the speed-up over plain decoding of each engine (rows of
-    `minibatch.speculative_bench.compare_speculation`) for each task in `results` ({task: rows})."""
+    `minibatch.bench.speculative.compare_speculation`) for each task in `results` ({task: rows})."""
     fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
     engines = [r["engine"] for r in next(iter(results.values()))]
     width = 0.8 / len(results)

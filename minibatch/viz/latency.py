@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from minibatch.metrics import RunReport
+from minibatch.analysis.metrics import RunReport
 
 LATENCY_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "e2e latency", "queue_time": "queue time"}
 

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from minibatch.metrics import RunReport
+from minibatch.analysis.metrics import RunReport
 
 PANELS = ("batch_size", "queue_depth", "kv_usage")
 

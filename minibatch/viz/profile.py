@@ -4,7 +4,7 @@
 - `per_token_profile`: the same parts divided by the batch size, ms per token, for several batch
   sizes: the fixed costs of a step shrink per token as the batch grows.
 
-Each bar stacks the parts of a step (`minibatch.profiler.PARTS`): the model's work in blues and
+Each bar stacks the parts of a step (`minibatch.analysis.profiler.PARTS`): the model's work in blues and
 greens, overhead (scheduling, input preparation, the rest of the forward pass, sampling, the
 update) in hatched warm colours, drafting in grey. The overhead share is written above each bar.
 """
@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from minibatch.profiler import OVERHEAD_PARTS, PARTS
+from minibatch.analysis.profiler import OVERHEAD_PARTS, PARTS
 
 PART_COLOURS = {
     "schedule": "#d95f02", "propose": "#999999", "prepare": "#e7298a", "embed": "#a6cee3", "norm": "#b2df8a",
@@ -27,7 +27,7 @@ PART_COLOURS = {
 
 def step_profile(profiles: Mapping[str, dict], share: bool = False, title: str | None = None) -> Figure:
     """Stacked bars of mean step parts; `profiles` maps a label to a profile (`RunReport.profile()` or
-    `minibatch.profiler.profile_summary`). share=True draws each bar as 100% of its step."""
+    `minibatch.analysis.profiler.profile_summary`). share=True draws each bar as 100% of its step."""
     if not isinstance(profiles, Mapping) or not profiles or not all("parts" in p for p in profiles.values()):
         raise ValueError("profiles is not allowed: pass {label: profile}, each from RunReport.profile() "
                          "of a run with EngineConfig(profile_steps=True)")

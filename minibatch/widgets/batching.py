@@ -13,12 +13,12 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from minibatch.config import SCHEDULERS, EngineConfig
-from minibatch.distributions import Poisson, Uniform
-from minibatch.llm import LLM
+from minibatch.workloads.distributions import Poisson, Uniform
+from minibatch.engine.llm import LLM
 from minibatch.viz.load import step_series
 from minibatch.viz.timeline import slot_timeline
 from minibatch.widgets.panel_tools import figure_png, html_table
-from minibatch.workload import make_workload
+from minibatch.workloads import make_workload
 
 HISTORY = 6   # runs kept in the comparison table
 COLUMNS = {"scheduler": "scheduler", "max_batch_size": "max batch", "batch_timeout_s": "timeout (s)",

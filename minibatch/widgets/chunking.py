@@ -13,10 +13,10 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from minibatch.config import EngineConfig, SamplingParams
-from minibatch.llm import LLM
+from minibatch.engine.llm import LLM
 from minibatch.viz.phases import decode_token_waits, step_durations
 from minibatch.widgets.panel_tools import figure_png, html_table
-from minibatch.workload import WorkloadRequest
+from minibatch.workloads import WorkloadRequest
 
 BUDGETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 STYLE = {"description_width": "initial"}

@@ -15,9 +15,9 @@ import time
 
 import ipywidgets as widgets
 
-from minibatch.metrics import RequestMetrics, RunReport, StepRecord, percentile
-from minibatch.monitoring import tokens_of_step
-from minibatch.request import Request
+from minibatch.analysis.metrics import RequestMetrics, RunReport, StepRecord, percentile
+from minibatch.serving.monitoring import tokens_of_step
+from minibatch.engine.request import Request
 from minibatch.viz.load import load_over_time
 from minibatch.widgets.panel_tools import figure_png, fmt
 

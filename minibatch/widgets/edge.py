@@ -14,11 +14,11 @@ from dataclasses import replace
 import ipywidgets as widgets
 
 from minibatch.config import EngineConfig
-from minibatch.distributions import Fixed, Poisson
-from minibatch.llm import LLM
+from minibatch.workloads.distributions import Fixed, Poisson
+from minibatch.engine.llm import LLM
 from minibatch.viz.edge import edge_vs_server
 from minibatch.widgets.panel_tools import figure_png, html_table
-from minibatch.workload import make_workload
+from minibatch.workloads import make_workload
 
 MODES = {False: "continuous", True: "edge"}   # switch value -> scheduler
 LABELS = {"continuous": "server", "edge": "edge"}

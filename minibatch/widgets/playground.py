@@ -2,7 +2,7 @@
 
 Scheduler, max batch size, batch timeout and arrival rate work as in `BatchingPanel` (this panel is
 one, with a KV budget added); KV memory sets the cache's budget in MiB, turned into blocks with the
-engine's own accounting (`minibatch.memory`: bytes per token x block size). Every change reruns the
+engine's own accounting (`minibatch.analysis.memory`: bytes per token x block size). Every change reruns the
 same seeded workload on the simulated clock without the model, so it takes a second or two and the
 times are those of a cost model calibrated on a CPU. The figure shows the slot timeline and, beneath
 it, the KV-block map at the step that held the most blocks (marked on the timeline by a dashed line).
@@ -17,7 +17,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from minibatch.config import ConfigError
-from minibatch.memory import KVShape, capacity
+from minibatch.analysis.memory import KVShape, capacity
 from minibatch.viz.kv_map import grid_shape, kv_block_map, peak_step
 from minibatch.viz.timeline import slot_timeline
 from minibatch.widgets.batching import COLUMNS as BATCHING_COLUMNS

@@ -7,7 +7,7 @@ Lines, one request per line, with the sampling fields flattened:
     {"arrival_s": 0.25, "prompt": "Tell me about tides.", "max_new_tokens": 64, "temperature": 0.0}
 
 `make_workload` draws one from an arrival process and length distributions
-(`minibatch.distributions`) with a seed, using the prompt texts shipped with the package:
+(`minibatch.workloads.distributions`) with a seed, using the prompt texts shipped with the package:
 
     make_workload(200, Poisson(rate=4.0), output_len=LogNormal(median=32, sigma=0.6, cap=256), seed=0)
 
@@ -26,7 +26,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minibatch.config import ConfigError, SamplingParams
-from minibatch.distributions import (AllAtOnce, Bursts, Empirical, Exponential, Fixed, LogNormal,  # noqa: F401
+from minibatch.workloads.distributions import (AllAtOnce, Bursts, Empirical, Exponential, Fixed, LogNormal,  # noqa: F401
                                      Poisson, Uniform)
 
 PROMPTS_FILE = Path(__file__).resolve().parent / "prompts" / "prompts.json"
@@ -140,7 +140,7 @@ class ClosedLoop:
 
     def run(self, llm, workload: list[WorkloadRequest], use_tqdm: bool = True):
         """Serve the workload's requests in order (their arrival_s is ignored) and return the RunReport."""
-        from minibatch.metrics import RequestMetrics, RunReport
+        from minibatch.analysis.metrics import RequestMetrics, RunReport
 
         _, ids, params = llm._encode_all([w.prompt for w in workload], [w.params for w in workload], field="workload")
         engine, clock, rng = llm.engine, llm.engine.clock, np.random.default_rng(self.seed)

@@ -4,7 +4,7 @@ Arrival processes give n arrival times in seconds from the start (`times(rng, n)
 `AllAtOnce()`, `Poisson(rate)` (independent arrivals, exponential gaps, `rate` per second) and
 `Bursts(size, every_s)` (a crowd of `size` requests every `every_s` seconds). A closed loop of
 users who wait for their answer and think before asking again has no arrival times in advance;
-it is `minibatch.workload.ClosedLoop`, which serves the workload itself.
+it is `minibatch.workloads.ClosedLoop`, which serves the workload itself.
 
 Length distributions give n token counts >= 1 (`sample(rng, n)`): `Fixed(n)`, `Uniform(low, high)`,
 `Exponential(mean)`, `LogNormal(median, sigma)` (a long tail, as real chat traffic has) and

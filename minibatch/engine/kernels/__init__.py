@@ -71,4 +71,4 @@ def get_backend(name: str):
             f"EngineConfig.attention_backend={name!r} is not allowed: choose one of "
             + ", ".join(repr(n) for n in ATTENTION_BACKENDS)
         )
-    return importlib.import_module(f"minibatch.kernels.{_MODULES[name]}")
+    return importlib.import_module(f"minibatch.engine.kernels.{_MODULES[name]}")

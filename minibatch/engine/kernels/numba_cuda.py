@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from numba import config, cuda
 
-from minibatch.kernels.numba_cpu import check_metadata
+from minibatch.engine.kernels.numba_cpu import check_metadata
 
 # Threads per block = keys per tile, a power of two for the tree reductions. The simulator runs
 # every thread as a Python thread, so it gets small blocks (which also makes short contexts span

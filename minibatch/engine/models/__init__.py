@@ -1,12 +1,12 @@
 """Models the engine can serve: the registry of names, and loaders for the weights the engine's
 own forward pass reads (`load_model`) and for the transformers reference (`load_hf`).
 
-Set up the default model once with `python -m minibatch.models.prepare`.
+Set up the default model once with `python -m minibatch.engine.models.prepare`.
 """
 
-from minibatch.models.loader import LoadedModel, check_supported, load_hf, load_model, rope_theta
-from minibatch.models.registry import DEFAULT_MODEL, KNOWN_MODELS
-from minibatch.models.smollm2 import model_cache_dir, prepare_default_model
+from minibatch.engine.models.loader import LoadedModel, check_supported, load_hf, load_model, rope_theta
+from minibatch.engine.models.registry import DEFAULT_MODEL, KNOWN_MODELS
+from minibatch.engine.models.smollm2 import model_cache_dir, prepare_default_model
 
 __all__ = [
     "DEFAULT_MODEL",

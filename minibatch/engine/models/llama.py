@@ -7,15 +7,15 @@ MLP -> residual. Only the rows that produce a token go through the LM head.
 
 Weights come from a Hugging Face checkpoint (transformers is the loader); the projections that
 read the same input are fused (q|k|v, gate|up) so a layer makes fewer, larger matrix products,
-each oriented for the number of rows (`minibatch.models.linear`).
+each oriented for the number of rows (`minibatch.engine.models.linear`).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from minibatch.models import LoadedModel, rope_theta
-from minibatch.models.linear import linear
+from minibatch.engine.models import LoadedModel, rope_theta
+from minibatch.engine.models.linear import linear
 
 
 def rms_norm(x, weight, eps):

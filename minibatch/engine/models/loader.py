@@ -14,9 +14,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from minibatch.models.registry import KNOWN_MODELS, resolve
-from minibatch.models.smollm2 import prepare_default_model
-from minibatch.models.tiny import random_llama, smollm2_shaped_config, tiny_config, tiny_tokenizer
+from minibatch.engine.models.registry import KNOWN_MODELS, resolve
+from minibatch.engine.models.smollm2 import prepare_default_model
+from minibatch.engine.models.tiny import random_llama, smollm2_shaped_config, tiny_config, tiny_tokenizer
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")

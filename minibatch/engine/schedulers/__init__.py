@@ -1,8 +1,8 @@
 """Schedulers: static, continuous and edge batching, each turning the queue into a step plan."""
-from minibatch.schedulers.base import ScheduledSeq, Scheduler, StepPlan
-from minibatch.schedulers.continuous import ContinuousScheduler
-from minibatch.schedulers.edge import EdgeScheduler
-from minibatch.schedulers.static import StaticScheduler
+from minibatch.engine.schedulers.base import ScheduledSeq, Scheduler, StepPlan
+from minibatch.engine.schedulers.continuous import ContinuousScheduler
+from minibatch.engine.schedulers.edge import EdgeScheduler
+from minibatch.engine.schedulers.static import StaticScheduler
 
 SCHEDULER_CLASSES = {"static": StaticScheduler, "continuous": ContinuousScheduler, "edge": EdgeScheduler}
 

@@ -11,8 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minibatch.config import EngineConfig
-from minibatch.kv import BlockManager
-from minibatch.request import Request, RequestStatus
+from minibatch.engine.kv import BlockManager
+from minibatch.engine.request import Request, RequestStatus
 
 
 @dataclass

@@ -9,8 +9,8 @@ An idle engine honours the batching timeout before it starts; a busy one admits 
 """
 from __future__ import annotations
 
-from minibatch.request import Request, RequestStatus
-from minibatch.schedulers.base import ScheduledSeq, Scheduler, StepPlan
+from minibatch.engine.request import Request, RequestStatus
+from minibatch.engine.schedulers.base import ScheduledSeq, Scheduler, StepPlan
 
 
 class ContinuousScheduler(Scheduler):

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from minibatch.config import EngineConfig
-from minibatch.kv import BlockManager
-from minibatch.schedulers.continuous import ContinuousScheduler
+from minibatch.engine.kv import BlockManager
+from minibatch.engine.schedulers.continuous import ContinuousScheduler
 
 
 class EdgeScheduler(ContinuousScheduler):

@@ -7,8 +7,8 @@ member's worst case (prompt + max_new_tokens) fits in the free KV blocks, so it 
 """
 from __future__ import annotations
 
-from minibatch.kv import blocks_for
-from minibatch.schedulers.base import ScheduledSeq, Scheduler, StepPlan
+from minibatch.engine.kv import blocks_for
+from minibatch.engine.schedulers.base import ScheduledSeq, Scheduler, StepPlan
 
 
 class StaticScheduler(Scheduler):
