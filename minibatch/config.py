@@ -8,7 +8,7 @@ naming the field, the value and what is allowed, before any work starts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 SCHEDULERS = ("static", "continuous", "edge")
 DEVICES = ("auto", "cpu", "cuda")
@@ -121,25 +121,56 @@ class EngineConfig:
             _fail(owner, "sim_skip_model", True, "False with speculative decoding, profile_steps or cuda_graphs: they need the real model")
 
 
+MAX_LOGPROBS = 20                        # most top log-probabilities one token may return (vLLM's default max_logprobs)
+
+
+def _check_range(owner: str, name: str, value, low: float, high: float, open_low: bool = False):
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value
+            or not (low < value if open_low else low <= value) or value > high):
+        _fail(owner, name, value, f"a number {'>' if open_low else '>='} {low:g}" if high == float("inf")
+              else f"a number in {'(' if open_low else '['}{low:g}, {high:g}]")
+
+
 @dataclass
 class SamplingParams:
-    """How one request chooses its tokens and when it stops."""
+    """How one request chooses its tokens and when it stops: vLLM's fields, names and meanings."""
 
     max_new_tokens: int = 16             # most tokens to generate (OpenAI/vLLM: max_tokens)
+    min_tokens: int = 0                  # EOS and stop_token_ids are masked until this many tokens are out
+    n: int = 1                           # continuations of the prompt, each sampled on its own (seed + i when seeded)
     temperature: float = 0.0             # 0 means greedy (argmax); higher flattens the distribution
-    top_k: int = 0                       # keep only the k most likely tokens; 0 keeps all
+    top_k: int = 0                       # keep only the k most likely tokens; 0 or -1 keeps all (vLLM)
     top_p: float = 1.0                   # keep the smallest set of tokens whose probability reaches top_p
+    min_p: float = 0.0                   # drop tokens less likely than min_p times the most likely one
+    repetition_penalty: float = 1.0      # > 1 discourages every token already in the prompt or output (multiplicative)
+    presence_penalty: float = 0.0        # subtracted from the logit of every token already in the output
+    frequency_penalty: float = 0.0       # subtracted once per occurrence of the token in the output
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling (OpenAI, -100..100)
     seed: int | None = None              # per-request seed: the same seed gives the same sample, whatever the batch
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # extra token ids that end the request
     ignore_eos: bool = False             # keep generating past the end-of-sequence token (for benchmarks)
+    logprobs: int | None = None          # return each chosen token's log-probability and the top-N (raw model distribution)
+    priority: int = 0                    # lower is served earlier, with priority scheduling; else it must stay 0
 
     def __post_init__(self):
         owner = "SamplingParams"
         _check_int(owner, "max_new_tokens", self.max_new_tokens, 1)
+        _check_int(owner, "min_tokens", self.min_tokens, 0)
+        if self.min_tokens > self.max_new_tokens:
+            _fail(owner, "min_tokens", self.min_tokens, f"at most max_new_tokens={self.max_new_tokens}")
+        _check_int(owner, "n", self.n, 1)
         _check_number(owner, "temperature", self.temperature, 0.0)
-        _check_int(owner, "top_k", self.top_k, 0)
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            _fail(owner, "top_p", self.top_p, "a number in (0, 1]")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            _fail(owner, "top_k", self.top_k, "an integer >= 1, or 0 or -1 to keep every token")
+        _check_range(owner, "top_p", self.top_p, 0.0, 1.0, open_low=True)
+        _check_range(owner, "min_p", self.min_p, 0.0, 1.0)
+        _check_range(owner, "repetition_penalty", self.repetition_penalty, 0.0, float("inf"), open_low=True)
+        _check_range(owner, "presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_range(owner, "frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        if self.logit_bias is not None and (not isinstance(self.logit_bias, dict) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(b, (int, float))
+                and not isinstance(b, bool) and -100 <= b <= 100 for t, b in self.logit_bias.items())):
+            _fail(owner, "logit_bias", self.logit_bias, "None or a dict of token id (>= 0) -> bias in [-100, 100]")
         if self.seed is not None:
             _check_int(owner, "seed", self.seed, 0)
         if isinstance(self.stop_token_ids, int) or not all(
@@ -147,7 +178,23 @@ class SamplingParams:
         ):
             _fail(owner, "stop_token_ids", self.stop_token_ids, "a sequence of non-negative token ids")
         self.stop_token_ids = tuple(self.stop_token_ids)
+        if not isinstance(self.ignore_eos, bool):
+            _fail(owner, "ignore_eos", self.ignore_eos, "True or False")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            _fail(owner, "logprobs", self.logprobs, f"None, or an integer in [0, {MAX_LOGPROBS}] (top log-probabilities per token)")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            _fail(owner, "priority", self.priority, "an integer")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether any penalty changes the logits (they need the request's token history)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def for_sample(self, index: int) -> "SamplingParams":
+        """The params of the index-th of n continuations: one sample each; a seeded request's i-th gets seed + i (vLLM)."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)

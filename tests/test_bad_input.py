@@ -39,7 +39,16 @@ def test_bad_prompts(llm, prompts, words):
     ({"temperature": -0.5}, ["temperature=-0.5", ">= 0"]),
     ({"top_p": 0.0}, ["top_p=0.0", "(0, 1]"]),
     ({"top_p": 1.5}, ["top_p=1.5", "(0, 1]"]),
-    ({"top_k": -1}, ["top_k=-1", ">= 0"]),
+    ({"top_k": -2}, ["top_k=-2", "0 or -1"]),
+    ({"min_p": 1.5}, ["min_p=1.5", "[0, 1]"]),
+    ({"repetition_penalty": 0.0}, ["repetition_penalty=0.0", "a number > 0"]),
+    ({"presence_penalty": 3}, ["presence_penalty=3", "[-2, 2]"]),
+    ({"frequency_penalty": -2.5}, ["frequency_penalty=-2.5"]),
+    ({"min_tokens": 20}, ["min_tokens=20", "max_new_tokens=16"]),
+    ({"n": 0}, ["n=0", ">= 1"]),
+    ({"logprobs": 21}, ["logprobs=21", "[0, 20]"]),
+    ({"logit_bias": {"5": 1.0}}, ["logit_bias", "token id"]),
+    ({"priority": 1.5}, ["priority=1.5", "an integer"]),
     ({"stop_token_ids": [-1]}, ["stop_token_ids"]),
 ])
 def test_bad_sampling_params(kwargs, words):

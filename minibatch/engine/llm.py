@@ -20,7 +20,20 @@ from minibatch.workloads import WorkloadRequest
 
 
 @dataclass
+class CompletionOutput:
+    """One continuation of a prompt (vLLM's name): the i-th of SamplingParams.n."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    logprobs: list[dict[int, float]] | None   # per token: the chosen and top-N log-probabilities (params.logprobs)
+
+
+@dataclass
 class RequestOutput:
+    """A prompt's result; token_ids, text and finish_reason are those of its first continuation, outputs[0]."""
+
     request_id: int
     prompt: str | list | None
     prompt_token_ids: list[int]
@@ -28,6 +41,7 @@ class RequestOutput:
     text: str
     finish_reason: str
     metrics: RequestMetrics
+    outputs: list[CompletionOutput]
 
 
 class LLM:
@@ -56,23 +70,26 @@ class LLM:
             raise ConfigError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts: give one, or one per prompt")
         ids = [self.engine.prompts.encode(p, field=f"{field}[{i}]") for i, p in enumerate(prompts)]
         for i, p in zip(ids, params):
-            self.engine.check_request(i, p)
+            self.engine.check_request(i, p.for_sample(0))
         return prompts, ids, params
 
-    def _output(self, request: Request, prompt) -> RequestOutput:
-        return RequestOutput(request.request_id, prompt, request.prompt_token_ids, list(request.output_token_ids),
-                             self.engine.prompts.decode(request.output_token_ids), request.finish_reason,
-                             RequestMetrics.of(request))
+    def _output(self, samples: list[Request], prompt) -> RequestOutput:
+        outputs = [CompletionOutput(i, list(r.output_token_ids), self.engine.prompts.decode(r.output_token_ids),
+                                    r.finish_reason, list(r.output_logprobs) if r.params.logprobs is not None else None)
+                   for i, r in enumerate(samples)]
+        first = samples[0]
+        return RequestOutput(first.request_id, prompt, first.prompt_token_ids, outputs[0].token_ids, outputs[0].text,
+                             outputs[0].finish_reason, RequestMetrics.of(first), outputs)
 
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Serve every prompt, all arriving now; outputs come back in prompt order."""
+        """Serve every prompt, all arriving now; outputs come back in prompt order, each with its n continuations."""
         prompts, ids, params = self._encode_all(prompts, sampling_params)
-        requests = [self.engine.add_request(i, p) for i, p in zip(ids, params)]
-        with tqdm(total=len(requests), desc="generate", unit="req", disable=not use_tqdm) as bar:
+        samples = [[self.engine.add_request(i, p.for_sample(k)) for k in range(p.n)] for i, p in zip(ids, params)]
+        with tqdm(total=sum(map(len, samples)), desc="generate", unit="req", disable=not use_tqdm) as bar:
             while self.engine.has_unfinished():
                 finished = self.engine.step()
                 bar.update(len(finished or ()))
-        return [self._output(r, p) for r, p in zip(requests, prompts)]
+        return [self._output(s, p) for s, p in zip(samples, prompts)]
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Like generate, for one chat (a list of messages) or a list of chats, using the chat template."""
@@ -84,6 +101,10 @@ class LLM:
         if not workload or not all(isinstance(w, WorkloadRequest) for w in workload):
             raise ConfigError("workload is not allowed: pass a non-empty list of WorkloadRequest")
         _, ids, params = self._encode_all([w.prompt for w in workload], [w.params for w in workload], field="workload")
+        several = next((p.n for p in params if p.n != 1), None)
+        if several:
+            raise ConfigError(f"SamplingParams.n={several} is not allowed in a workload: each request is one "
+                              "continuation (n=1); give each its own WorkloadRequest")
         engine, clock = self.engine, self.engine.clock
         first_step, start = len(engine.step_records), clock.now()
         order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_s)

@@ -72,7 +72,7 @@ class LLMEngine:
         self.scheduler = make_scheduler(config, self.blocks)
         self.runner = sim.PlaceholderRunner() if skip_model else ModelRunner(
             self.model, self.kv_cache, self.blocks, self.backend, self.device)
-        self.sampler = sim.PlaceholderSampler(self.eos_token_ids) if skip_model else Sampler(config.seed)
+        self.sampler = sim.PlaceholderSampler(self.eos_token_ids) if skip_model else Sampler(config.seed, self.eos_token_ids)
         self.clock = clock or make_clock(config, loaded.config)
         if config.cuda_graphs:
             self.runner = with_cuda_graphs(self.runner, config.max_batch_size, self.max_model_len)
@@ -93,6 +93,7 @@ class LLMEngine:
         """Raise ConfigError if this request can never be served by this engine."""
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"sampling_params={params!r} is not allowed: pass a SamplingParams")
+        self._check_sampling(params)
         worst = min(len(prompt_ids) + params.max_new_tokens, self.max_model_len)
         need = max(blocks_for(worst, self.blocks.block_size), self.blocks.reserve_blocks)
         if need > self.blocks.num_blocks:
@@ -100,6 +101,25 @@ class LLMEngine:
                 f"request needs {need} KV blocks (prompt {len(prompt_ids)} + max_new_tokens {params.max_new_tokens} "
                 f"tokens) but EngineConfig.num_kv_blocks={self.blocks.num_blocks}: it can never fit; "
                 "raise num_kv_blocks / kv_cache_memory_bytes or lower max_new_tokens")
+
+    def _check_sampling(self, params: SamplingParams) -> None:
+        """The sampling fields this engine serves only in some configurations."""
+        if params.n != 1:
+            raise ConfigError(f"SamplingParams.n={params.n} is not allowed for one engine request: add the n "
+                              "continuations as requests of their own (SamplingParams.for_sample(i)); LLM.generate and the server do")
+        if params.priority != 0:
+            raise ConfigError(f"SamplingParams.priority={params.priority} is not allowed: this engine schedules "
+                              "first come, first served; leave priority at 0")
+        if any(t >= self.model.vocab_size for t in params.logit_bias or {}):
+            raise ConfigError(f"SamplingParams.logit_bias={params.logit_bias!r} is not allowed: token ids are in "
+                              f"[0, {self.model.vocab_size})")
+        if self.speculator:
+            for name, neutral in (("logprobs", None), ("min_tokens", 0), ("repetition_penalty", 1.0),
+                                  ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("logit_bias", None)):
+                if getattr(params, name) not in (neutral, {}):
+                    raise ConfigError(f"SamplingParams.{name}={getattr(params, name)!r} is not allowed with "
+                                      f"speculative decoding (EngineConfig.speculative_method={self.config.speculative_method!r}): "
+                                      f"leave it at {neutral!r}")
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, arrival_time: float | None = None) -> Request:
         """Queue an already encoded and checked prompt; returns its Request."""
@@ -136,14 +156,15 @@ class LLMEngine:
         t2 = time.perf_counter()
         logits = self.runner.execute(plan)                                   # (S, V), plus a row per draft token
         t3 = time.perf_counter()
+        logprobs = [None] * len(sampling)
         if self.speculator:
             outputs, record.spec_outcomes = self.speculator.verify(logits, plan)  # 1 to k + 1 tokens each
         else:
-            outputs = [[t] for t in self.sampler.sample(logits, [r.request_id for r in sampling],
-                                                        [r.params for r in sampling])]
+            sampled = self.sampler.sample(logits, sampling)
+            outputs, logprobs = [[s.token_id] for s in sampled], [s.logprobs for s in sampled]
         t4 = time.perf_counter()
         end = self.clock.charge_step(plan, start)
-        finished = self._update(plan, sampling, outputs, end)
+        finished = self._update(plan, sampling, outputs, logprobs, end)
         record.end = end
         record.phase_times = {"schedule": t1 - t0, "model": t3 - t2, "sample": t4 - t3, "update": time.perf_counter() - t4}
         if self.speculator:
@@ -171,12 +192,15 @@ class LLMEngine:
             idle_slots=self.config.max_batch_size - len(plan.seqs),
             num_preempted=len(plan.preempted), slots=slots, block_tables=self.block_recorder.snapshot(self.blocks))
 
-    def _update(self, plan: StepPlan, sampling: list[Request], outputs: list[list[int]], now: float) -> list[Request]:
+    def _update(self, plan: StepPlan, sampling: list[Request], outputs: list[list[int]], logprobs: list,
+                now: float) -> list[Request]:
         for seq in plan.seqs:
             seq.request.num_computed_tokens += seq.num_new_tokens
         finished = []
-        for request, tokens in zip(sampling, outputs):
+        for request, tokens, token_logprobs in zip(sampling, outputs, logprobs):
             request.num_computed_tokens += len(tokens) - 1                   # accepted draft tokens are cached too
+            if token_logprobs is not None:
+                request.output_logprobs.append(token_logprobs)
             for token in tokens:
                 request.output_token_ids.append(token)
                 request.token_times.append(now)

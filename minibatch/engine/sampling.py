@@ -1,36 +1,80 @@
-"""Choosing the next token from the logits: greedy, temperature, top-k and top-p.
+"""Choosing the next token from the logits, with vLLM's sampling fields, batched over the step's rows.
 
-Greedy rows are decided together with one argmax. Sampled rows each draw from their own
-`torch.Generator`, seeded per request, so a request's sampled output is the same whether it ran
-alone or beside sixty-three others.
+In vLLM's order: log-probabilities are read from the model's raw logits (what `logprobs` returns);
+then logit bias, `min_tokens` (EOS and stop tokens masked until enough tokens are out) and the
+penalties change the logits (repetition: divides positive logits and multiplies negative ones of
+every token in the prompt or output; presence and frequency: subtracted for tokens in the output);
+greedy rows take the argmax of those; sampled rows divide by the temperature, drop tokens below
+`min_p` times the most likely one, keep the top-k and the top-p, and draw. Each row draws from its
+request's own `torch.Generator`, seeded per request, so a request's sampled output is the same
+whether it ran alone or beside sixty-three others.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from minibatch.config import SamplingParams
 
 
-def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, then top-p, on one row of logits (V,); removed tokens get -inf."""
-    logits = logits / params.temperature
-    if 0 < params.top_k < logits.shape[-1]:
-        kth_largest = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = sorted_logits.softmax(-1)
-        mass_before = probs.cumsum(-1) - probs        # probability of the tokens ranked above each one
-        drop = mass_before >= params.top_p            # the most likely token always stays
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+@dataclass
+class SampledToken:
+    token_id: int
+    logprobs: dict[int, float] | None = None   # the chosen token's and the top-N tokens' log-probabilities
+
+
+def filter_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, min-p, top-k, top-p on sampled rows of logits (S, V); removed tokens get -inf."""
+    temperature = torch.tensor([p.temperature for p in params], device=logits.device)
+    logits = logits / temperature[:, None]                                   # (S, V)
+    min_p = torch.tensor([p.min_p for p in params], device=logits.device)
+    if min_p.any():
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p[:, None] * probs.max(-1, keepdim=True).values, float("-inf"))
+    vocab = logits.shape[-1]
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=logits.device)
+    top_p = torch.tensor([p.top_p for p in params], device=logits.device)
+    if (top_k < vocab).any() or (top_p < 1.0).any():
+        sorted_logits, order = torch.sort(logits, descending=True)          # (S, V)
+        kth_largest = sorted_logits.gather(-1, (top_k - 1)[:, None])        # (S, 1)
+        drop = sorted_logits < kth_largest                                   # ties with the k-th stay
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+        mass_before = probs.cumsum(-1) - probs                               # probability ranked above each token
+        drop |= mass_before >= top_p[:, None]                                # the most likely token always stays
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
     return logits
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """`filter_rows` for one row of logits (V,)."""
+    return filter_rows(logits[None], [params])[0]
+
+
+def apply_penalties(logits: torch.Tensor, histories: list[tuple[list[int], list[int]]],
+                    params: list[SamplingParams]) -> torch.Tensor:
+    """Repetition, presence and frequency penalties on logits (S, V); histories: (prompt, output) ids per row."""
+    rows, vocab = logits.shape
+    counts = torch.zeros(rows, vocab)                                        # output occurrences (S, V)
+    seen = torch.zeros(rows, vocab, dtype=torch.bool)                        # in the prompt or the output
+    for row, (prompt, output) in enumerate(histories):
+        out = torch.tensor(output, dtype=torch.long)
+        counts[row].index_add_(0, out, torch.ones(len(output)))
+        seen[row, torch.tensor(prompt, dtype=torch.long)] = True
+        seen[row, out] = True
+    counts, seen = counts.to(logits.device), seen.to(logits.device)
+    as_column = lambda name: torch.tensor([getattr(p, name) for p in params], device=logits.device)[:, None]
+    repetition = as_column("repetition_penalty")
+    logits = torch.where(seen, torch.where(logits > 0, logits / repetition, logits * repetition), logits)
+    return logits - as_column("frequency_penalty") * counts - as_column("presence_penalty") * (counts > 0)
 
 
 class Sampler:
     """Turns a step's logits into one token per sampling row, with a generator per request."""
 
-    def __init__(self, default_seed: int):
+    def __init__(self, default_seed: int, eos_token_ids=()):
         self.default_seed = default_seed
+        self.eos_token_ids = list(eos_token_ids)
         self.generators: dict[int, torch.Generator] = {}
 
     def generator(self, request_id: int, params: SamplingParams) -> torch.Generator:
@@ -43,11 +87,45 @@ class Sampler:
     def release(self, request_id: int) -> None:
         self.generators.pop(request_id, None)
 
-    def sample(self, logits: torch.Tensor, request_ids: list[int], params: list[SamplingParams]) -> list[int]:
-        """logits (S, V) -> S token ids."""
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, requests: list) -> list[SampledToken]:
+        """logits (S, V) of the step's sampling requests -> S tokens (with log-probabilities where asked)."""
+        params = [r.params for r in requests]
+        logprobs = self._logprobs(logits, params)
+        logits = self._process(logits.float(), requests, params)
         tokens = logits.argmax(dim=-1).tolist()
-        for row, (rid, p) in enumerate(zip(request_ids, params)):
-            if not p.greedy:
-                probs = filter_logits(logits[row].float().cpu(), p).softmax(-1)
-                tokens[row] = int(torch.multinomial(probs, 1, generator=self.generator(rid, p)))
-        return tokens
+        sampled = [row for row, p in enumerate(params) if not p.greedy]
+        if sampled:
+            probs = filter_rows(logits[sampled], [params[row] for row in sampled]).softmax(-1).cpu()  # (S', V)
+            for i, row in enumerate(sampled):
+                generator = self.generator(requests[row].request_id, params[row])
+                tokens[row] = int(torch.multinomial(probs[i], 1, generator=generator))
+        out = [SampledToken(t) for t in tokens]
+        for row, (raw, top_values, top_ids) in logprobs.items():   # the chosen token first, then the top-N
+            out[row].logprobs = {tokens[row]: float(raw[tokens[row]])} | dict(zip(top_ids.tolist(), top_values.tolist()))
+        return out
+
+    def _logprobs(self, logits: torch.Tensor, params: list[SamplingParams]) -> dict:
+        """row -> (log-probabilities (V,), top-N values, top-N ids) for rows that ask, from the raw logits."""
+        rows = [row for row, p in enumerate(params) if p.logprobs is not None]
+        if not rows:
+            return {}
+        raw = logits[rows].float().log_softmax(-1).cpu()                     # (R, V)
+        top = torch.topk(raw, max(params[r].logprobs for r in rows), dim=-1)
+        return {row: (raw[i], top.values[i, :params[row].logprobs], top.indices[i, :params[row].logprobs])
+                for i, row in enumerate(rows)}
+
+    def _process(self, logits: torch.Tensor, requests: list, params: list[SamplingParams]) -> torch.Tensor:
+        """Logit bias, min_tokens and penalties: the changes greedy rows see too."""
+        for row, (r, p) in enumerate(zip(requests, params)):
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias), device=logits.device)
+                logits[row, ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device)
+            if len(r.output_token_ids) < p.min_tokens:
+                stops = list(p.stop_token_ids) + ([] if p.ignore_eos else self.eos_token_ids)
+                logits[row, stops] = float("-inf")
+        penalised = [row for row, p in enumerate(params) if p.penalised]
+        if penalised:
+            histories = [(requests[row].prompt_token_ids, requests[row].output_token_ids) for row in penalised]
+            logits[penalised] = apply_penalties(logits[penalised], histories, [params[row] for row in penalised])
+        return logits

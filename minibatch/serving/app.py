@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 import reprlib
 import time
 from contextlib import asynccontextmanager
@@ -24,8 +25,10 @@ from minibatch.config import ConfigError, SamplingParams
 from minibatch.engine.llm_engine import LLMEngine
 from minibatch.serving.monitoring import CONTENT_TYPE
 from minibatch.serving.engine_thread import EngineThread, Job
-from minibatch.serving.protocol import (APIError, ChatCompletionRequest, CompletionRequest, completion_body,
-                                        new_id, usage)
+from minibatch.serving.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from minibatch.serving.reply import Reply
+from minibatch.serving.responses import choice, new_id
+from minibatch.serving.utilities import add_utility_routes
 from minibatch.engine.tokens import PromptEncoder
 
 DEFAULT_COMPLETION_TOKENS = 16   # OpenAI's default max_tokens for /v1/completions
@@ -60,11 +63,14 @@ class OpenAIServer:
         # a fast tokenizer must not be used from two threads at once: the event loop gets its own copy
         self.encoder = PromptEncoder(copy.deepcopy(engine.tokenizer), engine.model.vocab_size, engine.max_model_len)
 
-    def prepare(self, body, chat: bool) -> tuple[Job, int]:
-        """Check a request and turn it into a Job; raises APIError. Returns (job, prompt tokens)."""
-        if body.model != self.model_name:
-            raise APIError(404, f"model={body.model!r} does not exist: this server serves {self.model_name!r}",
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"model={model!r} does not exist: this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
+
+    def prepare(self, body, chat: bool) -> tuple[list[Job], int]:
+        """Check a request and turn it into one Job per continuation; raises APIError. Returns (jobs, prompt tokens)."""
+        self.check_model(body.model)
         field = "messages" if chat else "prompt"
         prompt = [m.plain() for m in body.messages] if chat else body.prompt
         try:
@@ -72,75 +78,75 @@ class OpenAIServer:
         except ConfigError as error:
             raise APIError(400, str(error), param=field) from None
         room = self.engine.max_model_len - len(ids)
-        wanted = body.wanted_tokens if chat else body.max_tokens
+        wanted = body.wanted_tokens
         max_tokens = wanted if wanted is not None else (room if chat else min(DEFAULT_COMPLETION_TOKENS, room))
         if max_tokens > room:
             raise APIError(400, f"max_tokens={max_tokens} is too large: the prompt has {len(ids)} tokens and the "
                            f"context (max_model_len) is {self.engine.max_model_len}, so at most {room} fit",
-                           param="max_tokens")
+                           param="max_completion_tokens" if chat and body.max_completion_tokens else "max_tokens")
         try:
-            params = SamplingParams(max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                                    top_k=body.top_k, seed=body.seed, stop_token_ids=tuple(body.stop_token_ids),
-                                    ignore_eos=body.ignore_eos)
-            self.engine.check_request(ids, params)
+            params = SamplingParams(max_new_tokens=max_tokens, **body.sampling_fields())
+            self.engine.check_request(ids, params.for_sample(0))
         except ConfigError as error:
-            raise APIError(400, str(error)) from None
+            named = re.match(r"SamplingParams\.(\w+)=", str(error))
+            raise APIError(400, str(error), param=named and {"max_new_tokens": "max_tokens"}.get(named[1], named[1])) from None
         # stamped now, not when the engine thread takes it in at the next step: that wait is part of its TTFT
-        return Job(ids, params, body.stop_strings, asyncio.get_running_loop(), self.engine.clock.now()), len(ids)
+        loop, arrival, updates = asyncio.get_running_loop(), self.engine.clock.now(), asyncio.Queue()
+        return [Job(ids, params.for_sample(i), body.stop_strings, loop, arrival, i, updates)
+                for i in range(params.n)], len(ids)
 
     async def complete(self, body, request: Request, chat: bool):
-        job, num_prompt = self.prepare(body, chat)
-        self.worker.submit(job)
-        rid = new_id("chatcmpl" if chat else "cmpl")
+        jobs, num_prompt = self.prepare(body, chat)
+        self.worker.submit(jobs)
+        reply = Reply(new_id("chatcmpl" if chat else "cmpl"), self.model_name, chat, num_prompt, len(jobs))
         if body.stream:
-            return StreamingResponse(self.stream(job, rid, chat, num_prompt, body.include_usage),
+            return StreamingResponse(self.stream(jobs, reply, body.include_usage, body.continuous_usage),
                                      media_type="text/event-stream")
-        return await self.collect(job, rid, chat, num_prompt, request)
+        return await self.collect(jobs, reply, request)
 
-    async def stream(self, job: Job, rid: str, chat: bool, num_prompt: int, include_usage: bool):
-        chunk = lambda text, reason=None, **kw: completion_body(rid, self.model_name, chat, text, reason, stream=True, **kw)
+    async def stream(self, jobs: list[Job], reply: Reply, include_usage: bool, continuous_usage: bool):
+        updates = jobs[0].updates
         try:
-            if chat:
-                yield event(chunk("", first=True))   # the first chunk names the role
-            while True:
-                update = await job.updates.get()
+            named = set()
+            while not reply.finished:
+                update = await updates.get()
                 if update.error:
                     yield event(APIError(503, update.error, "server_error").body())
                     break
-                if update.text or update.finish_reason:
-                    yield event(chunk(update.text, update.finish_reason))
-                if update.finish_reason:
-                    if include_usage:
-                        yield event(chunk(None, use=usage(num_prompt, update.num_tokens)))
-                    break
-            job.done = True
+                if reply.chat and update.index not in named:   # a choice's first chunk names the role (as
+                    named.add(update.index)                     # vLLM, once the first token is out)
+                    yield event(reply.chunk([choice(True, True, update.index, "", None, first=True)]))
+                reply.take(update)
+                if update.text or update.finish_reason or update.logprobs:
+                    yield event(reply.chunk([reply.choice(update, stream=True)], continuous_usage))
+            else:
+                if include_usage:
+                    yield event(reply.chunk([], True))
             yield event("[DONE]")
         finally:
-            if not job.done:                         # the client went away (or the server is cancelling)
-                self.worker.abort(job)
+            for job in jobs:
+                if not reply.ended[job.index]:       # the client went away (or the server is cancelling)
+                    self.worker.abort(job)
 
-    async def collect(self, job: Job, rid: str, chat: bool, num_prompt: int, request: Request):
+    async def collect(self, jobs: list[Job], reply: Reply, request: Request):
         gone = asyncio.ensure_future(wait_disconnect(request))
-        text = []
         try:
-            while True:
-                get = asyncio.ensure_future(job.updates.get())
+            while not reply.finished:
+                get = asyncio.ensure_future(jobs[0].updates.get())
                 await asyncio.wait([get, gone], return_when=asyncio.FIRST_COMPLETED)
                 if not get.done():
                     get.cancel()
-                    self.worker.abort(job)
                     return Response(status_code=499)  # nobody is listening any more
                 update = get.result()
                 if update.error:
-                    job.done = True
                     return error_response(APIError(503, update.error, "server_error"))
-                text.append(update.text)
-                if update.finish_reason:
-                    job.done = True
-                    return completion_body(rid, self.model_name, chat, "".join(text), update.finish_reason,
-                                           use=usage(num_prompt, update.num_tokens))
+                reply.take(update)
+            return reply.whole()
         finally:
             gone.cancel()
+            for job in jobs:
+                if not reply.ended[job.index]:       # gone, or another continuation failed
+                    self.worker.abort(job)
 
 
 async def wait_disconnect(request: Request) -> None:
@@ -185,6 +191,8 @@ def build_app(server: OpenAIServer, metrics_text) -> FastAPI:
         card = {"id": server.model_name, "object": "model", "created": int(time.time()), "owned_by": "minibatch",
                 "max_model_len": server.engine.max_model_len}
         return {"object": "list", "data": [card]}
+
+    add_utility_routes(app, server)
 
     @app.get("/health")
     async def health():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from minibatch.config import SamplingParams
 from minibatch.engine.llm_engine import LLMEngine
 from minibatch.serving.protocol import APIError
+from minibatch.serving.responses import TokenLogprob
 from minibatch.serving.text import TextStream
 
 KEEP_STEP_RECORDS = 10_000       # the engine's per-step records a long-running server keeps
@@ -26,23 +27,28 @@ KEEP_STEP_RECORDS = 10_000       # the engine's per-step records a long-running 
 
 @dataclass
 class Update:
+    index: int                      # which of the request's n continuations (its choice index)
     text: str                       # new output text since the last update
     num_tokens: int                 # output tokens so far
     finish_reason: str | None = None  # "stop" or "length" on the last update
     error: str | None = None        # set instead when the server ended the request (shutdown)
+    logprobs: list[TokenLogprob] | None = None  # the tokens produced since the last update, if asked for
 
 
 class Job:
-    """One HTTP request's handle on its engine request."""
+    """One continuation of an HTTP request: its handle on its engine request.
 
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, stop: list[str], loop, arrival: float):
-        self.prompt_ids, self.params, self.loop = prompt_ids, params, loop
+    The n continuations of one HTTP request share one queue of updates, told apart by `index`."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, stop: list[str], loop, arrival: float,
+                 index: int = 0, updates: asyncio.Queue | None = None):
+        self.prompt_ids, self.params, self.loop, self.index = prompt_ids, params, loop, index
         self.arrival = arrival       # engine-clock time the server accepted it: its latencies count from here
         self.text = TextStream(stop)
-        self.updates: asyncio.Queue[Update] = asyncio.Queue()
+        self.updates: asyncio.Queue[Update] = updates or asyncio.Queue()
         self.request = None          # the engine's Request, once the engine thread has added it
         self.seen = 0                # output tokens already turned into updates
-        self.done = False            # set on the event loop when the last update was read
+        self.logprobs_sent = 0       # output tokens whose log-probabilities went out
 
     def push(self, update: Update) -> None:
         """From the engine thread: hand an update to the job's reader on the event loop."""
@@ -74,7 +80,8 @@ class EngineThread:
         """Requests accepted but not yet running: the inbox and the scheduler's queue."""
         return sum(kind == "add" for kind, _ in self._inbox) + len(self.engine.scheduler.waiting)
 
-    def submit(self, job: Job) -> None:
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue the continuations of one request, all or none."""
         with self._cond:
             if self._stopping:
                 raise APIError(503, "the server is shutting down", "server_error", code="shutting_down")
@@ -82,7 +89,7 @@ class EngineThread:
                 raise APIError(429, f"the queue is full ({self.max_waiting} requests waiting, the server's "
                                "--max-waiting); retry later", "rate_limit_error", code="queue_full",
                                headers={"Retry-After": "1"})
-            self._inbox.append(("add", job))
+            self._inbox.extend(("add", job) for job in jobs)
             self._cond.notify()
 
     def abort(self, job: Job) -> None:
@@ -110,7 +117,7 @@ class EngineThread:
                 self._stopping = True
                 jobs = [job for _, job in self._inbox] + list(self._active.values())
             for job in jobs:
-                job.push(Update("", job.seen, error=f"the engine failed: {error!r}"))
+                job.push(Update(job.index, "", job.seen, error=f"the engine failed: {error!r}"))
 
     def _loop(self) -> None:
         engine = self.engine
@@ -146,7 +153,7 @@ class EngineThread:
         self._end_early(job.request, "abort")
         self.engine.requests.pop(job.request.request_id, None)
         if error:
-            job.push(Update("", len(job.request.output_token_ids), error=error))
+            job.push(Update(job.index, "", len(job.request.output_token_ids), error=error))
 
     def _end_early(self, request, reason: str) -> None:
         """Finish a request between steps: "abort" (client gone, shutdown) or "stop" (a stop string)."""
@@ -170,8 +177,22 @@ class EngineThread:
             if stopped and not request.is_finished:
                 self._end_early(request, "stop")   # a stop string: end it now, its blocks go back
             if request.is_finished:
-                job.push(Update(delta, n, finish_reason="stop" if stopped else request.finish_reason))
+                job.push(Update(job.index, delta, n, "stop" if stopped else request.finish_reason,
+                                logprobs=self._new_logprobs(job)))
                 del self._active[rid]
                 self.engine.requests.pop(rid, None)
             elif delta:
-                job.push(Update(delta, n))
+                job.push(Update(job.index, delta, n, logprobs=self._new_logprobs(job)))
+
+    def _new_logprobs(self, job: Job) -> list[TokenLogprob] | None:
+        """The log-probabilities of the tokens produced since the job's last update, with their texts."""
+        if job.params.logprobs is None:
+            return None
+        decode = lambda token_id: self.engine.prompts.decode([token_id])
+        entries = []
+        for token, logprobs in zip(job.request.output_token_ids[job.logprobs_sent:],
+                                   job.request.output_logprobs[job.logprobs_sent:]):
+            top = sorted(logprobs.items(), key=lambda item: -item[1])[:job.params.logprobs]
+            entries.append(TokenLogprob(decode(token), logprobs[token], [(decode(t), lp) for t, lp in top]))
+        job.logprobs_sent += len(entries)
+        return entries

@@ -17,8 +17,9 @@ for chats, `stream_options.include_usage` for token counts), so it measures othe
 - SGLang:      python -m sglang.launch_server --model-path HuggingFaceTB/SmolLM2-135M-Instruct --port 8000
 - llama.cpp:   llama-server -m SmolLM2-135M-Instruct.Q4_1.gguf --port 8000
 then `--url http://127.0.0.1:8000` (and `--model NAME` if the server does not list it in /v1/models).
-A workload's `ignore_eos`, `top_k` and `stop_token_ids` are sent as vLLM's extension fields, which
-vLLM, SGLang and llama.cpp accept; a strict OpenAI endpoint may reject them.
+A workload's sampling fields beyond OpenAI's (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
+`ignore_eos`, `stop_token_ids`, ...) are sent under vLLM's names when they differ from the default,
+which vLLM, SGLang and llama.cpp accept; a strict OpenAI endpoint may reject them.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
-from minibatch.config import ConfigError
+from minibatch.config import ConfigError, SamplingParams
 from minibatch.workloads.distributions import AllAtOnce, Fixed, LogNormal, Poisson
 from minibatch.analysis.metrics import RequestMetrics, RunReport, percentile
 from minibatch.analysis.sla import SLA, evaluate
@@ -63,9 +64,13 @@ def request_body(w: WorkloadRequest, model: str) -> tuple[str, dict]:
     p, chat = w.params, isinstance(w.prompt, list) and bool(w.prompt) and isinstance(w.prompt[0], dict)
     body = {"model": model, ("messages" if chat else "prompt"): w.prompt, "max_tokens": p.max_new_tokens,
             "temperature": p.temperature, "stream": True, "stream_options": {"include_usage": True}}
-    extras = {"top_p": p.top_p != 1.0, "seed": p.seed is not None, "top_k": p.top_k > 0,
-              "ignore_eos": p.ignore_eos, "stop_token_ids": bool(p.stop_token_ids)}
-    body.update({k: list(v) if isinstance(v, tuple) else v for k in extras if extras[k] for v in [getattr(p, k)]})
+    default = SamplingParams()
+    for name in ("top_p", "seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                 "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias", "priority"):   # vLLM's names, sent when set
+        value = getattr(p, name)
+        if value != getattr(default, name) and not (name == "top_k" and value == -1) and value != {}:
+            body[name] = list(value) if isinstance(value, tuple) else (
+                {str(t): b for t, b in value.items()} if isinstance(value, dict) else value)
     return ("/v1/chat/completions" if chat else "/v1/completions"), body
 
 

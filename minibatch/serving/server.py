@@ -12,9 +12,14 @@ Every EngineConfig field is a flag (`--help` lists them). Then any OpenAI client
     client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}])
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both with "stream": true for
-server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus, vLLM's names with a
-`minibatch:` prefix). The pieces live in `minibatch/serving/`: the wire format (protocol.py), the
-engine thread (engine_thread.py), the endpoints (app.py).
+server-sent events, and vLLM's sampling fields: top_k, min_p, the penalties, min_tokens, logprobs,
+n, ...), GET /v1/models, GET /health, GET /metrics (Prometheus, vLLM's names with a `minibatch:`
+prefix), and vLLM's POST /tokenize, POST /detokenize, GET /version. So vLLM's own clients work:
+
+    vllm bench serve --backend openai --base-url http://127.0.0.1:8000 --model smollm2-135m ...
+
+The pieces live in `minibatch/serving/`: the wire format (protocol.py, responses.py), the engine
+thread (engine_thread.py), the endpoints (app.py, utilities.py).
 
 On SIGTERM (or Ctrl-C) the server stops accepting connections, lets in-flight requests finish for
 up to --shutdown-timeout seconds, ends the rest with an error, and exits with status 0.

@@ -16,6 +16,7 @@ from minibatch.engine.models import LoadedModel, check_supported, prepare_defaul
 from minibatch.engine.models.loader import TOKENIZER_FILES
 from minibatch.engine.models.registry import resolve
 from minibatch.engine.models.tiny import smollm2_shaped_config, tiny_config, tiny_tokenizer
+from minibatch.engine.sampling import SampledToken
 
 
 @functools.lru_cache(maxsize=8)
@@ -78,8 +79,8 @@ class PlaceholderSampler:
             self._token[stop_token_ids] = min(set(range(len(avoid) + 1)) - avoid)
         return self._token[stop_token_ids]
 
-    def sample(self, logits, request_ids: list[int], params: list) -> list[int]:
-        return [self._placeholder(p.stop_token_ids) for p in params]
+    def sample(self, logits, requests: list) -> list[SampledToken]:
+        return [SampledToken(self._placeholder(r.params.stop_token_ids)) for r in requests]
 
     def release(self, request_id: int) -> None:
         pass

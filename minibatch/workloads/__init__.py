@@ -61,6 +61,8 @@ class WorkloadRequest:
         params = {k: v for k, v in obj.items() if k in _PARAM_FIELDS}
         if "stop_token_ids" in params and isinstance(params["stop_token_ids"], list):
             params["stop_token_ids"] = tuple(params["stop_token_ids"])
+        if isinstance(params.get("logit_bias"), dict):          # JSON keys are strings; token ids are ints
+            params["logit_bias"] = {int(t) if str(t).isdigit() else t: b for t, b in params["logit_bias"].items()}
         return cls(obj.get("arrival_s", 0.0), obj["prompt"], SamplingParams(**params))
 
 
