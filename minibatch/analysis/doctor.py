@@ -8,10 +8,11 @@ on. The last line is a one-line summary an instructor collects from every laptop
 The exit code is 1 when any check fails, else 0. `--quick` skips starting a Jupyter kernel and asks the
 `tiny` model instead of SmolLM2-135M; `--json` prints every check as JSON instead.
 
-What the course needs (peak resident memory measured with `resource.getrusage` around chapter 08's
-profiling cell): SmolLM2-135M takes about 1.2 GiB, so every chapter but 08 runs in 2 to 3 GiB with
-JupyterLab; chapter 08 also loads random weights shaped like SmolLM2-1.7B (1.7 billion fp32 weights
-plus the engine's packed copies), about 11 GiB.
+What the course needs: chapter 08's profiling cell, run alone with the peak resident memory read from
+`resource.getrusage`, peaks at 1.1 GiB on SmolLM2-135M and 2.5 GiB on the 360M shape, about 6.4 bytes
+per weight (4 for the fp32 weight, the rest the engine's packed copies of q/k/v and gate/up). Every
+chapter but 08 serves the 135M model, so 2 to 3 GiB with JupyterLab; chapter 08 also loads random
+weights shaped like SmolLM2-1.7B, which by the same rate peaks near 11 GiB.
 """
 from __future__ import annotations
 
