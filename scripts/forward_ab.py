@@ -1,11 +1,12 @@
 """Time the engine's forward pass against an earlier commit's, side by side in one process.
 
 The model (minibatch/engine/models/llama.py) and the torch attention (minibatch/engine/kernels/torch_ref.py)
-of BEFORE are loaded from git next to the current ones; the same engine then runs decode steps
-with each in turn (A B A B ...), checks that both produce the same tokens, and prints the median
+of BEFORE are loaded from git next to the current ones, each version builds its own weights from
+the same checkpoint (so a change in how weights are stored is timed too); the same engine then
+runs decode steps with each in turn (A B A B ...), checks that both produce the same tokens, and prints the median
 decode-step time per batch size and how many torch operators a batch-1 step calls.
 
-    python scripts/forward_ab.py --before 63dadf5 [--reps 5]
+    python scripts/forward_ab.py --before 63dadf5 [--reps 5] [--batch-sizes 1 8 32] [--dtype bfloat16]
 """
 import argparse
 import importlib.util
@@ -17,8 +18,8 @@ from pathlib import Path
 from torch.profiler import ProfilerActivity, profile
 
 import minibatch.engine.kernels.torch_ref as current_attention
-import minibatch.engine.models.llama as current_model
 from minibatch import LLM, EngineConfig, SamplingParams
+from minibatch.engine.models import load_model
 
 FILES = {"model": "minibatch/engine/models/llama.py", "attention": "minibatch/engine/kernels/torch_ref.py"}
 
@@ -39,16 +40,19 @@ def main():
     parser.add_argument("--before", required=True, help="the commit to compare against")
     parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions per batch size")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        model = module_at(args.before, FILES["model"], Path(folder))
+        model_before = module_at(args.before, FILES["model"], Path(folder))
         attention = module_at(args.before, FILES["attention"], Path(folder))
-    versions = {"before": (model.LlamaModel, attention), "after": (current_model.LlamaModel, current_attention)}
-    llm = LLM(EngineConfig(model="smollm2-135m", max_batch_size=max(args.batch_sizes)))
-    runner = llm.engine.runner
+    llm = LLM(EngineConfig(model="smollm2-135m", max_batch_size=max(args.batch_sizes), dtype=args.dtype))
+    engine, runner = llm.engine, llm.engine.runner
+    loaded = load_model("smollm2-135m")
+    before_model = model_before.LlamaModel(loaded, engine.dtype, engine.device, engine.max_model_len)
+    versions = {"before": (before_model, attention), "after": (runner.model, current_attention)}
 
     def run(version, batch, tokens=16):
-        runner.model.__class__, runner.backend = versions[version]
+        runner.model, runner.backend = versions[version]
         first = len(llm.engine.step_records)
         outs = llm.generate(["Once upon a time"] * batch, SamplingParams(max_new_tokens=tokens, ignore_eos=True),
                             use_tqdm=False)

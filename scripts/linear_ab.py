@@ -1,22 +1,21 @@
-"""Time the two orientations of a weight product for the model's own shapes, side by side.
+"""Time every path of a weight product for the model's own shapes, side by side.
 
-`F.linear(x, W)` (x first) against `minibatch.engine.models.linear.linear(x, W)` (W first on CPU for up to
-SMALL_BATCH_ROWS rows), for every row count a step can have: the 30 layers' weights of the model
-(cold in cache, as in a real step: each layer's weights are read once per step) and its LM head.
-Runs alternate (A B A B ...); medians are printed, with the largest difference between the outputs.
+`F.linear(x, W)` (MKL, rows first), the weight-first orientation (W @ x^T)^T and oneDNN with the
+weight prepacked (`minibatch.engine.models.linear.Linear`'s paths), for every row count a step can have:
+the 30 layers' weights of the model (cold in cache, as in a real step: each layer's weights are
+read once per step) and its LM head. Runs alternate (A B A B ...); the medians are printed, with
+the largest difference from F.linear's output.
 
-    python scripts/linear_ab.py [--model smollm2-135m] [--rows 1 2 4 8 16 32 64 128] [--reps 7]
+    python scripts/linear_ab.py [--model smollm2-135m] [--dtype float32] [--rows 1 2 4 8 16 32 64 128] [--reps 7]
 """
 import argparse
 import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
 from minibatch.engine.models import load_model
-from minibatch.engine.models.linear import SMALL_BATCH_ROWS, linear
-from minibatch.engine.models.llama import LlamaModel
+from minibatch.engine.models.linear import PATHS, Linear, onednn_supports
 
 
 def time_ms(fn) -> float:
@@ -25,40 +24,54 @@ def time_ms(fn) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def every_layer(product, layers, x_in, x_mid):
+def layer_weights(sd, num_layers):
+    """Each layer's weights as the model fuses them: q|k|v, o, gate|up, down."""
+    cat = lambda i, names: torch.cat([sd[f"model.layers.{i}.{n}.weight"] for n in names])
+    return [{"qkv": cat(i, ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
+             "o": cat(i, ["self_attn.o_proj"]), "gate_up": cat(i, ["mlp.gate_proj", "mlp.up_proj"]),
+             "down": cat(i, ["mlp.down_proj"])} for i in range(num_layers)]
+
+
+def every_layer(layers, x_in, x_mid):
     """One step's worth of layer products: q|k|v, o, gate|up and down of every layer."""
     def run():
         for layer in layers:
-            product(x_in, layer["qkv"]), product(x_in, layer["o"]), product(x_in, layer["gate_up"])
-            product(x_mid, layer["down"])
+            layer["qkv"](x_in), layer["o"](x_in), layer["gate_up"](x_in), layer["down"](x_mid)
     return run
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
     parser.add_argument("--reps", type=int, default=7, help="interleaved repetitions per row count")
     args = parser.parse_args()
-    model = LlamaModel(load_model(args.model), torch.float32, torch.device("cpu"), max_positions=8)
-    hidden, inner = model.layers[0]["down"].shape                       # (C, I)
-    print(f"{args.model}: {torch.get_num_threads()} threads, weights first up to {SMALL_BATCH_ROWS} rows")
-    print(f"{'rows':>5} {'layers F.linear':>16} {'layers linear':>14} {'ratio':>6} "
-          f"{'LM head F.linear':>17} {'LM head linear':>15} {'ratio':>6} {'max |diff|':>11}")
+    dtype = getattr(torch, args.dtype)
+    loaded = load_model(args.model)
+    sd = {k: v.to(dtype).contiguous() for k, v in loaded.state_dict.items()}
+    weights = layer_weights(sd, loaded.config.num_hidden_layers)
+    hidden, inner = weights[0]["down"].shape                             # (C, I)
+    paths = [p for p in PATHS if p != "onednn" or onednn_supports(sd["lm_head.weight"])]
+    layers = {p: [{name: Linear(w, p) for name, w in layer.items()} for layer in weights] for p in paths}
+    heads = {p: Linear(sd["lm_head.weight"], p) for p in paths}
+    print(f"{args.model}, {args.dtype}: {torch.get_num_threads()} threads; median ms of one step's products "
+          f"(30 layers, then the LM head), each path against F.linear")
+    print(f"{'rows':>5} " + " ".join(f"{p + ' layers':>20} {'head':>7}" for p in paths) + f" {'max |diff|':>11}")
     with torch.inference_mode():
         for rows in args.rows:
-            x_in, x_mid = torch.randn(rows, hidden), torch.randn(rows, inner)   # (T, C), (T, I)
-            runs = {"layers_a": every_layer(F.linear, model.layers, x_in, x_mid),
-                    "layers_b": every_layer(linear, model.layers, x_in, x_mid),
-                    "head_a": lambda: F.linear(x_in, model.lm_head), "head_b": lambda: linear(x_in, model.lm_head)}
-            times = {name: [] for name in runs}
+            x_in, x_mid = torch.randn(rows, hidden, dtype=dtype), torch.randn(rows, inner, dtype=dtype)  # (T, C), (T, I)
+            runs = {(p, "layers"): every_layer(layers[p], x_in, x_mid) for p in paths}
+            runs.update({(p, "head"): (lambda head=heads[p]: head(x_in)) for p in paths})
+            times = {key: [] for key in runs}
             for _ in range(args.reps):
-                for name, run in runs.items():
-                    times[name].append(time_ms(run))
-            m = {name: statistics.median(v) for name, v in times.items()}
-            diff = (F.linear(x_in, model.lm_head) - linear(x_in, model.lm_head)).abs().max().item()
-            print(f"{rows:>5} {m['layers_a']:>13.1f} ms {m['layers_b']:>11.1f} ms {m['layers_a'] / m['layers_b']:>5.2f}x "
-                  f"{m['head_a']:>14.1f} ms {m['head_b']:>12.1f} ms {m['head_a'] / m['head_b']:>5.2f}x {diff:>11.1e}")
+                for key, run in runs.items():
+                    times[key].append(time_ms(run))
+            m = {key: statistics.median(v) for key, v in times.items()}
+            reference = heads["f.linear"](x_in).float()
+            diff = max((heads[p](x_in).float() - reference).abs().max().item() for p in paths)
+            print(f"{rows:>5} " + " ".join(f"{m[p, 'layers']:>17.1f} ms {m[p, 'head']:>4.1f}ms" for p in paths)
+                  + f" {diff:>11.1e}")
 
 
 if __name__ == "__main__":

@@ -1,38 +1,66 @@
-"""The weight-first matrix product: the same result as F.linear for every row count and thread count."""
+"""Every matrix-product path of `Linear`: the same result as F.linear for every shape, row count and thread count."""
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibatch.engine.models.linear import SMALL_BATCH_ROWS, linear
+from minibatch.engine.models.linear import PATHS, SMALL_BATCH_ROWS, Linear, best_path, linear, onednn_supports
+
+CPU_PATHS = [p for p in PATHS if p != "onednn" or onednn_supports(torch.zeros(1, 1))]
 
 
-@settings(max_examples=40, deadline=None)
-@given(rows=st.integers(0, SMALL_BATCH_ROWS + 8), k=st.integers(1, 80), n=st.integers(1, 120),
-       threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
-def test_matches_f_linear(rows, k, n, threads, seed):
+@settings(max_examples=60, deadline=None)
+@given(path=st.sampled_from(CPU_PATHS), rows=st.integers(0, SMALL_BATCH_ROWS + 8), k=st.integers(1, 80),
+       n=st.integers(1, 120), threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+def test_every_path_matches_f_linear(path, rows, k, n, threads, seed):
     generator = torch.Generator().manual_seed(seed)
     x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out = linear(x, weight)
+        out = Linear(weight, path)(x)
     finally:
         torch.set_num_threads(before)
     assert out.shape == (rows, n)
     torch.testing.assert_close(out, F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(0, 70), k=st.integers(1, 80), n=st.integers(1, 120), seed=st.integers(0, 2**16))
+def test_weight_first_function_matches_f_linear(rows, k, n, seed):
+    generator = torch.Generator().manual_seed(seed)
+    x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
+    torch.testing.assert_close(linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", CPU_PATHS)
 @pytest.mark.parametrize("rows", [1, 2, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1])
-def test_rows_of_a_batch_do_not_see_each_other(rows):
+def test_rows_of_a_batch_do_not_see_each_other(path, rows):
     """Row i of the output depends on row i of the input only (the zero padding row included)."""
-    weight = torch.randn(48, 16)
+    product = Linear(torch.randn(48, 16), path)
     x = torch.randn(rows, 16)
-    alone = torch.cat([linear(x[i:i + 1], weight) for i in range(rows)])
-    torch.testing.assert_close(linear(x, weight), alone, rtol=1e-5, atol=1e-5)
+    alone = torch.cat([product(x[i:i + 1]) for i in range(rows)])
+    torch.testing.assert_close(product(x), alone, rtol=1e-5, atol=1e-5)
 
 
-def test_bfloat16_keeps_its_dtype():
+@pytest.mark.parametrize("path", [p for p in PATHS if p != "onednn" or onednn_supports(torch.zeros(1, 1).bfloat16())])
+def test_bfloat16_keeps_its_dtype_and_value(path):
     x, weight = torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(5, 8, dtype=torch.bfloat16)
-    assert linear(x, weight).dtype == torch.bfloat16
+    out = Linear(weight, path)(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), F.linear(x.float(), weight.float()), rtol=2e-2, atol=2e-2)
+
+
+def test_the_default_path_is_onednn_on_a_cpu_that_has_it_and_the_plain_paths_elsewhere():
+    weight = torch.randn(4, 4)
+    assert best_path(weight) == ("onednn" if torch.backends.mkldnn.is_available() else "weight-first")
+    assert best_path(weight.to(torch.float16)) == "weight-first"          # oneDNN is asked for fp32 and bf16 only
+    assert best_path(torch.randn(4, 4, device="meta")) == "f.linear"
+
+
+def test_a_path_that_does_not_exist_or_cannot_run_is_refused_by_name():
+    with pytest.raises(ValueError, match="path='fast'.*onednn"):
+        Linear(torch.randn(4, 4), "fast")
+    with pytest.raises(ValueError, match="path='onednn' is not allowed for a torch.float16"):
+        Linear(torch.randn(4, 4, dtype=torch.float16), "onednn")

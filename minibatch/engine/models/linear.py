@@ -1,29 +1,86 @@
-"""Matrix products oriented for decode-sized batches on a CPU.
+"""Matrix products for decode-sized batches: each weight stored the way its product runs fastest.
 
-A decode step multiplies a few rows (one per sequence) by every weight matrix. `F.linear(x, W)`
-asks the BLAS for x @ W^T with the few rows first, and on this course's CPU (MKL, 2 threads) that
-path runs 2 to 16 rows in about twice the time of one row, although it reads the same weights.
-Asking for the same product the other way round, (W @ x^T)^T, lets MKL stream each weight once for
-all rows: 1.3x to 3x faster up to 64 rows. One row alone goes down MKL's matrix-vector path, which
-runs on one thread here, so with more than one thread a single row is padded with a row of zeros
-to keep the two-thread matrix-matrix path. Above SMALL_BATCH_ROWS rows (prefill chunks) the usual
-orientation is as fast or faster, and GPUs get `F.linear` unchanged.
+A decode step multiplies a few rows (one per sequence) by every weight matrix, so a step should
+cost about one read of the weights whether it has 1 or 8 rows (the roofline). Three ways to ask a
+CPU for x @ W^T, measured on this course's CPU (AMD EPYC, AVX-512 with BF16, 2 threads; the
+30 layers' products of SmolLM2-135M, fp32, one step's worth):
 
-    python scripts/linear_ab.py      # both orientations on this machine, for the model's shapes
+    rows                             1        8       32
+    F.linear (MKL, rows first)     51 ms    62 ms   101 ms
+    weight first, (W @ x^T)^T      ~45 ms   ~45 ms   ~75 ms   (MKL streams each weight once)
+    oneDNN, weight prepacked     27.5 ms  28.5 ms    54 ms   (flat from 1 to 8 rows)
+
+oneDNN's prepacked path (`torch.ops.mkldnn`) reorders each weight once, at load, into the blocked
+layout its kernels read; it wins at every row count measured here, and in bfloat16 on a CPU with
+native BF16 instructions it reads half the bytes. So a `Linear` on a CPU whose torch has oneDNN
+(fp32, or bf16 where the CPU supports it) holds the prepacked weight; elsewhere it keeps the plain
+weight and uses the weight-first orientation up to SMALL_BATCH_ROWS rows (MKL), `F.linear` above
+that, and `F.linear` on GPUs. The choice is made once per weight, from what the machine offers,
+not from a timing taken at load: on a laptop shared with other work a 2-second timing picks by
+noise, and a request's tokens would then depend on that noise. Every path computes the same
+product in fp32 (or bf16) arithmetic; only the order of the sums differs.
+
+    python scripts/linear_ab.py      # every path on this machine, for the model's shapes
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-SMALL_BATCH_ROWS = 64   # up to this many rows, the weight-first orientation is used on CPU
+SMALL_BATCH_ROWS = 64   # up to this many rows, the weight-first orientation is used on CPU without oneDNN
+PATHS = ("onednn", "weight-first", "f.linear")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x (T, K) times weight (N, K) transposed: (T, N), the same product as F.linear(x, weight)."""
+    """x (T, K) times weight (N, K) transposed: (T, N), MKL asked weight-first for decode-sized T on CPU."""
     rows = x.shape[0]
     if x.device.type != "cpu" or rows > SMALL_BATCH_ROWS or rows == 0:
         return F.linear(x, weight)
     if rows == 1 and torch.get_num_threads() > 1:
         x = torch.cat((x, x.new_zeros(1, x.shape[1])))                  # (2, K): a zero row, dropped below
     return torch.mm(weight, x.t())[:, :rows].t()                         # (N, T) computed, (T, N) view
+
+
+def onednn_supports(weight: torch.Tensor) -> bool:
+    """Whether oneDNN can run products with this weight's dtype on this machine's CPU."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return weight.dtype == torch.float32
+
+
+def best_path(weight: torch.Tensor) -> str:
+    """The path a Linear of this weight takes: oneDNN where it runs, else the plain BLAS paths."""
+    return "onednn" if onednn_supports(weight) else "weight-first" if weight.device.type == "cpu" else "f.linear"
+
+
+class Linear:
+    """A weight (N, K) and its product x (T, K) -> (T, N), the same as F.linear(x, weight)."""
+
+    def __init__(self, weight: torch.Tensor, path: str | None = None):
+        path = path or best_path(weight)
+        if path not in PATHS:
+            raise ValueError(f"Linear path={path!r} is not allowed: choose one of {PATHS}")
+        if path == "onednn" and not onednn_supports(weight):
+            raise ValueError(f"Linear path='onednn' is not allowed for a {weight.dtype} weight on "
+                             f"{weight.device.type}: oneDNN runs float32 (and bfloat16 where the CPU has it) on CPU")
+        self.path, self.shape, self.dtype = path, weight.shape, weight.dtype
+        if path == "onednn":
+            with torch.no_grad():                                        # reordered once, into oneDNN's blocked layout
+                self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+        else:
+            self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, K) -> (T, N)."""
+        if self.path == "onednn":
+            if x.shape[0] == 0:
+                return x.new_empty(0, self.shape[0])
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
+        if self.path == "weight-first":
+            return linear(x, self.weight)
+        return F.linear(x, self.weight)
+
+    def __repr__(self):
+        return f"Linear({tuple(self.shape)}, {self.dtype}, path={self.path!r})"

@@ -7,7 +7,8 @@ MLP -> residual. Only the rows that produce a token go through the LM head.
 
 Weights come from a Hugging Face checkpoint (transformers is the loader); the projections that
 read the same input are fused (q|k|v, gate|up) so a layer makes fewer, larger matrix products,
-each oriented for the number of rows (`minibatch.engine.models.linear`).
+each a `Linear` that stores its weight the way this machine multiplies fastest
+(`minibatch.engine.models.linear`: prepacked for oneDNN on CPU).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from minibatch.engine.models import LoadedModel, rope_theta
-from minibatch.engine.models.linear import linear
+from minibatch.engine.models.linear import Linear
 
 
 def rms_norm(x, weight, eps):
@@ -45,7 +46,7 @@ class LlamaModel:
         sd = loaded.state_dict
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()
         self.embed = put(sd["model.embed_tokens.weight"])                  # (V, C)
-        self.lm_head = put(sd["lm_head.weight"])                            # (V, C), tied or not
+        self.lm_head = Linear(put(sd["lm_head.weight"]))                    # (V, C), tied or not; the embedding stays plain for lookups
         self.final_norm = put(sd["model.norm.weight"])                      # (C,)
         self.layers = []
         for i in range(self.num_layers):
@@ -54,11 +55,11 @@ class LlamaModel:
             mlp = [sd[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")]
             self.layers.append({
                 "attn_norm": put(sd[p + "input_layernorm.weight"]),          # (C,)
-                "qkv": put(torch.cat(attn)),                                # ((Hq + 2 Hkv) D, C)
-                "o": put(sd[p + "self_attn.o_proj.weight"]),                # (C, Hq D)
+                "qkv": Linear(put(torch.cat(attn))),                        # ((Hq + 2 Hkv) D, C)
+                "o": Linear(put(sd[p + "self_attn.o_proj.weight"])),        # (C, Hq D)
                 "mlp_norm": put(sd[p + "post_attention_layernorm.weight"]),  # (C,)
-                "gate_up": put(torch.cat(mlp)),                             # (2 I, C)
-                "down": put(sd[p + "mlp.down_proj.weight"]),                # (C, I)
+                "gate_up": Linear(put(torch.cat(mlp))),                     # (2 I, C)
+                "down": Linear(put(sd[p + "mlp.down_proj.weight"])),        # (C, I)
             })
         # Rotary tables, computed in fp32 like transformers, then cast.
         inv_freq = 1.0 / (rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
@@ -92,19 +93,19 @@ class LlamaModel:
         """Self-attention of the normed rows h (T, C): q|k|v, rotary, KV write, paged attention, output projection."""
         T = h.shape[0]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        qk, v = linear(h, layer["qkv"]).split([(H + Hkv) * D, Hkv * D], dim=-1)
+        qk, v = layer["qkv"](h).split([(H + Hkv) * D, Hkv * D], dim=-1)
         qk = qk.reshape(T, H + Hkv, D)
         qk = qk * cos + rotate_half(qk) * sin                               # (T, H + Hkv, D): q and k rotated together
         q, k, v = qk[:, :H], qk[:, H:], v.reshape(T, Hkv, D)                # (T, H, D), (T, Hkv, D), (T, Hkv, D)
         backend.write_kv(k, v, k_cache, v_cache, slot_mapping)
         attn = backend.attention(q, k_cache, v_cache, meta, self.scale)      # (T, H, D)
-        return linear(attn.reshape(T, H * D), layer["o"])                 # (T, C)
+        return layer["o"](attn.reshape(T, H * D))                 # (T, C)
 
     def mlp(self, h, layer):
         """SwiGLU: down(silu(gate(h)) * up(h)), (T, C) -> (T, C)."""
-        gate, up = linear(h, layer["gate_up"]).chunk(2, dim=-1)          # (T, I) each
-        return linear(F.silu(gate) * up, layer["down"])
+        gate, up = layer["gate_up"](h).chunk(2, dim=-1)          # (T, I) each
+        return layer["down"](F.silu(gate) * up)
 
     def lm_head_logits(self, h):
         """Logits (S, V) in fp32 for the final-normed rows h (S, C)."""
-        return linear(h, self.lm_head).float()
+        return self.lm_head(h).float()
