@@ -17,7 +17,7 @@ The parts of a step, and which of them are overhead (work that does not grow wit
     attention  q|k|v and output projections, rotary, KV write, paged attention model
     mlp        SwiGLU MLP                                                      model
     lm_head    the vocabulary projection of the sampling rows                  model
-    other      the rest of the forward pass: Python between layers, residuals  overhead
+    other      the rest of the forward pass: Python between layers             overhead
     sample     logits to tokens                                                overhead
     update     appending tokens, stop checks, freeing finished requests        overhead
 

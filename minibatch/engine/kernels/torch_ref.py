@@ -63,17 +63,30 @@ def _attend_group(query, k_cache, v_cache, plan, scale, out) -> None:
     out[plan["out_rows"]] = o[plan["valid"]].to(out.dtype)
 
 
+def _attend_decode(query, k_cache, v_cache, plan, scale):
+    """A step of decode tokens only (one query per sequence, in order): no gathers of rows, views only."""
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[2]
+    q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # (G, Hkv, group, D)
+    k = k_cache.view(-1, num_kv_heads, head_dim)[plan["slots"]].transpose(1, 2)    # (G, Hkv, L, D)
+    v = v_cache.view(-1, num_kv_heads, head_dim)[plan["slots"]].transpose(1, 2)    # (G, Hkv, L, D)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=plan["mask"], scale=scale)  # (G, Hkv, group, D)
+    return o.reshape(num_seqs, num_heads, head_dim)                                # (G, Hq, D)
+
+
 def attention(query, k_cache, v_cache, meta, scale):
     """Causal attention of packed queries (T, Hq, D) over each sequence's cached K/V; returns (T, Hq, D)."""
-    out = torch.empty_like(query)
     if query.shape[0] == 0:
-        return out
+        return torch.empty_like(query)
     block_size = k_cache.shape[1]
     if "torch_plans" not in meta.cache:
         qlens = meta.query_lens_np
         groups = [np.flatnonzero(qlens == 1), np.flatnonzero(qlens > 1)]
         group = query.shape[1] // k_cache.shape[2]
         meta.cache["torch_plans"] = [_plan(meta, ids, block_size, group, query.device) for ids in groups if len(ids)]
+    if (qlens := meta.query_lens_np).max() == 1 and len(qlens) == query.shape[0]:
+        return _attend_decode(query, k_cache, v_cache, meta.cache["torch_plans"][0], scale)
+    out = torch.empty_like(query)
     for plan in meta.cache["torch_plans"]:
         _attend_group(query, k_cache, v_cache, plan, scale, out)
     return out

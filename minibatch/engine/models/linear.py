@@ -82,5 +82,11 @@ class Linear:
             return linear(x, self.weight)
         return F.linear(x, self.weight)
 
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """residual (T, N) + x (T, K) times the weight: oneDNN adds the residual as it writes the product."""
+        if self.path == "onednn" and x.shape[0] > 0:
+            return torch.ops.mkldnn._linear_pointwise(x, residual, self.weight, None, "add")
+        return residual + self(x)
+
     def __repr__(self):
         return f"Linear({tuple(self.shape)}, {self.dtype}, path={self.path!r})"

@@ -20,15 +20,14 @@ from minibatch.engine.models.linear import Linear
 
 
 def rms_norm(x, weight, eps):
-    """x (T, C) scaled to unit root-mean-square, computed in fp32 as Llama does."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    """x (T, C) scaled to unit root-mean-square, computed in fp32 as Llama does, times weight (C,).
 
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    One fused operator; in fp32 it is bit for bit transformers' x * rsqrt(mean(x^2) + eps) * weight.
+    In lower precisions transformers rounds before the weight multiplies, so the weight stays apart.
+    """
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
 class LlamaModel:
@@ -66,7 +65,10 @@ class LlamaModel:
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # (P, D/2)
         angles = torch.cat((freqs, freqs), dim=-1)                                       # (P, D)
         self.cos = angles.cos().to(device=device, dtype=dtype)
-        self.sin = angles.sin().to(device=device, dtype=dtype)
+        # rotate_half(x) * sin == roll(x, D/2) * sin with its first half negated: one roll, no slices or cat
+        sin = angles.sin()
+        self.signed_sin = torch.cat((-sin[:, :self.head_dim // 2], sin[:, self.head_dim // 2:]), dim=-1).to(
+            device=device, dtype=dtype)
 
     def forward(self, input_ids, positions, slot_mapping, meta, kv_cache, backend, logits_rows, num_layers=None):
         """Run T packed tokens through the model; returns logits (S, V) for the S rows in logits_rows.
@@ -76,35 +78,36 @@ class LlamaModel:
         x, cos, sin = self.embed_inputs(input_ids, positions)              # (T, C), (T, 1, D), (T, 1, D)
         for layer, k_cache, v_cache in zip(self.layers[:num_layers], kv_cache.k, kv_cache.v):
             h = self.norm(x, layer["attn_norm"])
-            x = x + self.attention(h, layer, cos, sin, k_cache, v_cache, slot_mapping, meta, backend)
+            x = self.attention(h, x, layer, cos, sin, k_cache, v_cache, slot_mapping, meta, backend)
             h = self.norm(x, layer["mlp_norm"])
-            x = x + self.mlp(h, layer)
+            x = self.mlp(h, x, layer)
         return self.lm_head_logits(self.norm(x[logits_rows], self.final_norm))  # (S, V)
 
     # The kinds of work in a forward pass, one method each, so the step profiler can time them.
     def embed_inputs(self, input_ids, positions):
-        """Token embeddings (T, C) and the rotary cos/sin (T, 1, D) of each token's position."""
-        return self.embed[input_ids], self.cos[positions][:, None], self.sin[positions][:, None]
+        """Token embeddings (T, C) and the rotary cos/signed sin (T, 1, D) of each token's position."""
+        return self.embed[input_ids], self.cos[positions][:, None], self.signed_sin[positions][:, None]
 
     def norm(self, x, weight):
         return rms_norm(x, weight, self.eps)
 
-    def attention(self, h, layer, cos, sin, k_cache, v_cache, slot_mapping, meta, backend):
-        """Self-attention of the normed rows h (T, C): q|k|v, rotary, KV write, paged attention, output projection."""
+    def attention(self, h, residual, layer, cos, sin, k_cache, v_cache, slot_mapping, meta, backend):
+        """residual (T, C) plus the self-attention of the normed rows h (T, C): q|k|v, rotary, KV write,
+        paged attention, output projection (the residual added by the product itself where it can)."""
         T = h.shape[0]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         qk, v = layer["qkv"](h).split([(H + Hkv) * D, Hkv * D], dim=-1)
         qk = qk.reshape(T, H + Hkv, D)
-        qk = qk * cos + rotate_half(qk) * sin                               # (T, H + Hkv, D): q and k rotated together
+        qk = qk * cos + qk.roll(D // 2, dims=-1) * sin                      # (T, H + Hkv, D): q and k rotated together
         q, k, v = qk[:, :H], qk[:, H:], v.reshape(T, Hkv, D)                # (T, H, D), (T, Hkv, D), (T, Hkv, D)
         backend.write_kv(k, v, k_cache, v_cache, slot_mapping)
         attn = backend.attention(q, k_cache, v_cache, meta, self.scale)      # (T, H, D)
-        return layer["o"](attn.reshape(T, H * D))                 # (T, C)
+        return layer["o"].add_to(residual, attn.reshape(T, H * D))          # (T, C)
 
-    def mlp(self, h, layer):
-        """SwiGLU: down(silu(gate(h)) * up(h)), (T, C) -> (T, C)."""
-        gate, up = layer["gate_up"](h).chunk(2, dim=-1)          # (T, I) each
-        return layer["down"](F.silu(gate) * up)
+    def mlp(self, h, residual, layer):
+        """residual (T, C) plus SwiGLU of h (T, C): down(silu(gate(h)) * up(h))."""
+        gate, up = layer["gate_up"](h).chunk(2, dim=-1)                    # (T, I) each
+        return layer["down"].add_to(residual, F.silu(gate) * up)
 
     def lm_head_logits(self, h):
         """Logits (S, V) in fp32 for the final-normed rows h (S, C)."""
