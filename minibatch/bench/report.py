@@ -77,6 +77,8 @@ def goals(results: dict) -> list[dict]:
     one = next((d for d in roof["decode"] if d["batch_size"] == 1), None) if roof else None
     out.append(_goal("batch-1 decode >= 60% of the memory-bandwidth bound",
                      one and one["fraction_of_memory_bound"], 0.6, True))
+    out.append(_goal("a decode step of 8 sequences costs at most 1.3x a step of 1",
+                     roof and roof.get("step_8_over_1"), 1.3, False))
     batch = roof["overhead"]["batch_size"] if roof else 32
     out.append(_goal(f"engine overhead < 5% of a decode step at batch {batch}",
                      roof and roof["overhead"]["engine_share"], 0.05, False))
@@ -153,7 +155,11 @@ def roofline_lines(roof: dict) -> list[str]:
         lines.append(f"  decode step at batch {d['batch_size']:>3}: {d['step_s'] * 1e3:8.2f} ms; bound "
                      f"{d['bound_s'] * 1e3:.2f} ms (memory {d['memory_bound_s'] * 1e3:.2f}, compute "
                      f"{d['compute_bound_s'] * 1e3:.2f}): {d['fraction_of_bound']:.0%} of the roofline, "
-                     f"{d['fraction_of_memory_bound']:.0%} of the memory bound")
+                     f"{d['fraction_of_memory_bound']:.0%} of the memory bound; read "
+                     f"{d['bytes_read'] / 1e6:.0f} MB at {d['achieved_Bps'] / 1e9:.1f} GB/s")
+    if roof.get("step_8_over_1"):
+        lines.append(f"  a decode step of 8 costs {roof['step_8_over_1']:.2f}x a step of 1 "
+                     f"(the memory bound says {_bound_ratio(roof, 8, 1):.2f}x)")
     o = roof["overhead"]
     parts = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in o["profile_parts_s"].items() if v)
     lines.append(f"  engine overhead at batch {o['batch_size']}: {o['engine_share']:.1%} of a decode step "
@@ -161,6 +167,11 @@ def roofline_lines(roof: dict) -> list[str]:
                  f"{o['profiler_overhead_share']:.1%}; outside runner.execute {o['outside_model_share']:.1%}")
     lines.append(f"  profiled parts (ms): {parts}")
     return lines
+
+
+def _bound_ratio(roof: dict, a: int, b: int) -> float:
+    bound = {d["batch_size"]: d["bound_s"] for d in roof["decode"]}
+    return bound[a] / bound[b]
 
 
 def write(results: dict, out_dir) -> list[Path]:

@@ -9,8 +9,10 @@ do 2 FLOPs per weight per sequence (plus the attention products). So its time is
 Both peaks are measured here, on this machine: bandwidth as the speed of copying a tensor much
 larger than the CPU's caches, peak FLOP/s as the speed of a large fp32 matrix product. The bytes
 and FLOPs of a step come from `minibatch.sim.costmodel` (the roofline cost model, with the measured
-peaks, full efficiency and no overhead). Also measured: the engine's own time per step, outside
-the model's forward pass (scheduling, input preparation, sampling, bookkeeping).
+peaks, full efficiency and no overhead). Beside each bound, the bandwidth a step achieved (the
+bytes it must read / its measured time) and how much more a step of 8 sequences costs than a step
+of 1 (about 1.0x while reading the weights dominates). Also measured: the engine's own time per
+step, outside the model's forward pass (scheduling, input preparation, sampling, bookkeeping).
 """
 from __future__ import annotations
 
@@ -127,7 +129,7 @@ def bounds(size: ModelSize, bytes_per_value: int, flops: float, bandwidth: float
             "bound_s": max(parts["memory_s"], parts["compute_s"])}
 
 
-def measure(model: str, model_config, batch_sizes=(1, 64), steps: int = 8, prompt_tokens: int = 32,
+def measure(model: str, model_config, batch_sizes=(1, 8, 64), steps: int = 8, prompt_tokens: int = 32,
             gemm_size: int = 2048, device: str = "auto", attention_backend: str = "torch") -> dict:
     """Peak bandwidth and FLOP/s, minibatch's decode step at each batch size against its bounds, and
     the engine's overhead share at OVERHEAD_BATCH. model_config is the model's Hugging Face config."""
@@ -146,9 +148,12 @@ def measure(model: str, model_config, batch_sizes=(1, 64), steps: int = 8, promp
         step_s = float(np.median([r.duration for r in records]))
         context = int(np.median([r.kv_tokens_stored for r in records]))
         b = bounds(size, value_bytes, flops, bandwidth, batch, context)
+        bytes_read = b["memory_bound_s"] * bandwidth                            # weights + the batch's KV, once
         decode.append({"batch_size": batch, "step_s": step_s, "context_tokens": context, **b,
+                       "bytes_read": bytes_read, "achieved_Bps": bytes_read / step_s,
                        "fraction_of_memory_bound": b["memory_bound_s"] / step_s,
                        "fraction_of_bound": b["bound_s"] / step_s})
+    step_s = {d["batch_size"]: d["step_s"] for d in decode}
     records = decode_records(llm, OVERHEAD_BATCH, steps, prompt_tokens)
     phases = {k: float(np.median([r.phase_times[k] for r in records]))
               for k in ("schedule", "model", "sample", "update")}
@@ -164,4 +169,5 @@ def measure(model: str, model_config, batch_sizes=(1, 64), steps: int = 8, promp
                 "profiler_overhead_share": profile["overhead_share"]}
     return {"memory_bandwidth_Bps": bandwidth, "peak_flops": flops, "gemm_size": gemm_size,
             "weight_bytes": (size.body_params + size.lm_head_params) * value_bytes,
-            "kv_bytes_per_token": size.kv_values_per_token * value_bytes, "decode": decode, "overhead": overhead}
+            "kv_bytes_per_token": size.kv_values_per_token * value_bytes, "decode": decode,
+            "step_8_over_1": step_s[8] / step_s[1] if {1, 8} <= set(step_s) else None, "overhead": overhead}

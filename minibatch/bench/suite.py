@@ -13,7 +13,7 @@ Before a system's time counts, its outputs are checked against the greedy refere
    interleaved (A B C D, A B C D, ...), medians and min-max ranges; each system at its best size;
 2. online: the same requests arriving at several Poisson rates (throughput, p50/p99 TTFT and TPOT);
 3. the physical limit: this machine's memory bandwidth and peak FLOP/s, minibatch's decode step
-   at batch 1 and 64 as a share of the roofline bound, and the engine's overhead per step.
+   at batch 1, 8 and 64 as a share of the roofline bound, and the engine's overhead per step.
 
 Ratios against each peer and the goals met or missed are printed; `--out DIR` also writes
 bench.json (everything, with the machine it ran on) and bench.png. Timings depend on the machine
@@ -84,7 +84,7 @@ def run_bench(model: str = "smollm2-135m", scale: Scale = QUICK, systems=SYSTEM_
         results["online"] = _online(systems, results["offline"], workload, reference, scale, rates, seed, use_tqdm)
     results["roofline"] = None
     if physical:
-        results["roofline"] = roofline.measure(model, hf_model.config, (1, 64), scale.decode_steps,
+        results["roofline"] = roofline.measure(model, hf_model.config, (1, 8, 64), scale.decode_steps,
                                                scale.decode_prompt, scale.gemm_size, device, attention_backend)
     results["goals"] = report.goals(results)
     results["machine"]["load_average_1min_end"] = roofline.machine()["load_average_1min"]
