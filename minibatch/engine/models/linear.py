@@ -1,14 +1,16 @@
 """Matrix products for decode-sized batches: each weight stored the way its product runs fastest.
 
 A decode step multiplies a few rows (one per sequence) by every weight matrix, so a step should
-cost about one read of the weights whether it has 1 or 8 rows (the roofline). Three ways to ask a
-CPU for x @ W^T, measured on this course's CPU (AMD EPYC, AVX-512 with BF16, 2 threads; the
-30 layers' products of SmolLM2-135M, fp32, one step's worth):
+cost about one read of the weights whether it has 1 or 8 rows (the roofline). Measured on this
+course's CPU (AMD EPYC, AVX-512 with BF16 and VNNI, 2 threads, nothing else running), the 30
+layers' products of SmolLM2-135M in fp32, one step's worth (425 MB of weights: 13 ms at 32 GB/s):
 
-    rows                             1        8       32
-    F.linear (MKL, rows first)     51 ms    62 ms   101 ms
-    weight first, (W @ x^T)^T      ~45 ms   ~45 ms   ~75 ms   (MKL streams each weight once)
-    oneDNN, weight prepacked     27.5 ms  28.5 ms    54 ms   (flat from 1 to 8 rows)
+    rows                                   1        8       32
+    F.linear (MKL, rows first)           51 ms    62 ms   101 ms
+    oneDNN, weight prepacked at load   27.5 ms  28.5 ms    54 ms    (flat from 1 to 8 rows)
+
+MKL's small-GEMM path runs 2-16 rows at 7-13 GB/s; asking it weight-first, (W @ x^T)^T, streams
+each weight once for all rows and sits between the two.
 
 oneDNN's prepacked path (`torch.ops.mkldnn`) reorders each weight once, at load, into the blocked
 layout its kernels read; it wins at every row count measured here, and in bfloat16 on a CPU with
