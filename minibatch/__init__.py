@@ -15,6 +15,6 @@ def __getattr__(name):
     """`LLM` and `RequestOutput` bring in torch and transformers, so they are imported when first used:
     `import minibatch.checks` or `minibatch.workloads` alone then starts in a moment."""
     if name in ("LLM", "RequestOutput"):
-        from minibatch.engine import llm
+        from minibatch import llm
         return getattr(llm, name)
     raise AttributeError(f"module 'minibatch' has no attribute {name!r}")

@@ -12,7 +12,8 @@ import json
 import pytest
 
 from minibatch import LLM, ConfigError, EngineConfig, SamplingParams, WorkloadRequest
-from minibatch.sim.clock import RealClock, SimulatedClock, make_clock
+from minibatch.sim.clock import SimulatedClock, make_clock
+from minibatch.engine.clock import RealClock
 from minibatch.sim.costmodel import (LinearCostModel, ModelSize, RooflineCostModel, StepShape, cost_model, list_profiles,
                                  load_profile)
 from minibatch.engine.models.tiny import smollm2_shaped_config

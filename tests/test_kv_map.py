@@ -10,8 +10,9 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest  # noqa: E402
-from minibatch.analysis.memory import KVHolding  # noqa: E402
-from minibatch.analysis.metrics import RunReport, StepRecord  # noqa: E402
+from minibatch.engine.records import KVHolding  # noqa: E402
+from minibatch.analysis.metrics import RunReport  # noqa: E402
+from minibatch.engine.records import StepRecord
 from minibatch.viz import block_owners, block_table_figure, kv_block_map, kv_usage, peak_step  # noqa: E402
 from minibatch.viz.kv_map import FREE_COLOUR, RESERVED_ALPHA, grid_shape, owner_colour  # noqa: E402
 from minibatch.widgets import BlockTableExplorer, KVMapScrubber  # noqa: E402

@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest
 from minibatch.config import ConfigError
 from minibatch.engine.kv import BlockManager, blocks_for
-from minibatch.analysis.memory import LLAMA2_7B, BlockTableRecorder, KVHolding, KVShape, KVSpec, capacity, memory_report
-from minibatch.analysis.metrics import RunReport, StepRecord
+from minibatch.analysis.memory import LLAMA2_7B, KVShape, KVSpec, capacity, memory_report
+from minibatch.engine.records import BlockTableRecorder, KVHolding
+from minibatch.analysis.metrics import RunReport
+from minibatch.engine.records import StepRecord
 
 
 def test_bytes_per_token_follows_the_formula():

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minibatch import EngineConfig, SamplingParams
-from minibatch.engine.llm_engine import LLMEngine
+from minibatch.llm import make_engine
 from minibatch.engine.kv import blocks_for
 
 
@@ -56,7 +56,7 @@ def test_scheduler_invariants(requests, scheduler, max_batch_size, budget, block
     config = EngineConfig(model="tiny", scheduler=scheduler, max_batch_size=max_batch_size, max_tokens_per_step=budget,
                           block_size=block_size, num_kv_blocks=worst + spare_blocks, kv_layout=layout,
                           max_model_len=max_model_len)
-    engine = LLMEngine(config)
+    engine = make_engine(config)
     engine.runner = StubRunner(engine)
     added = [engine.add_request(list(range(1, p + 1)), SamplingParams(max_new_tokens=n, ignore_eos=True))
              for p, n in requests]

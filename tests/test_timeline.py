@@ -10,7 +10,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest  # noqa: E402
-from minibatch.analysis.metrics import RunReport, StepRecord  # noqa: E402
+from minibatch.analysis.metrics import RunReport  # noqa: E402
+from minibatch.engine.records import StepRecord
 from minibatch.viz import SlotChange, SlotRun, slot_changes, slot_occupancy, slot_runs, slot_timeline  # noqa: E402
 from minibatch.widgets import TimelineScrubber  # noqa: E402
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from minibatch.sim.clock import RealClock
+from minibatch.engine.clock import RealClock
 from minibatch.config import EngineConfig, SamplingParams
 from minibatch.sim.costmodel import COEFFICIENTS, LinearCostModel, StepShape, save_profile
 
@@ -55,7 +55,7 @@ def measure(model: str = "smollm2-135m", batch_sizes=(1, 2, 4, 8, 16), prompt_le
             new_tokens: int = 8, repeats: int = 3, cpu_time: bool = False, use_tqdm: bool = True,
             **config) -> list[tuple[StepShape, float]]:
     """(shape, median seconds) of every step shape the grid produced, on the real model and clock."""
-    from minibatch.engine.llm import LLM   # here, so that importing this module stays light
+    from minibatch.llm import LLM   # here, so that importing this module stays light
 
     clock = RecordingClock(time.process_time if cpu_time else time.perf_counter)
     llm = LLM(EngineConfig(model=model, max_batch_size=max(batch_sizes), **config), clock=clock)

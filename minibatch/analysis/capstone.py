@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from minibatch.config import ConfigError, EngineConfig
-from minibatch.engine.llm import LLM
+from minibatch.llm import LLM
 from minibatch.analysis.metrics import RunReport, percentile
 from minibatch.analysis.sla import SLA
 from minibatch.bench.speculative import grounded_prompts

@@ -19,12 +19,11 @@ the unused tail of each last block when paged, the unused reservation when conti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
 from minibatch.config import KV_LAYOUTS, ConfigError
-from minibatch.engine.kv import BlockManager, blocks_for, kv_bytes_per_token
+from minibatch.engine.kv import blocks_for, kv_bytes_per_token
 
 GIB = 1 << 30
 
@@ -85,33 +84,6 @@ def capacity(bytes_per_token: int, budget_bytes: int, block_size: int = 16, toke
         out["blocks_per_seq"] = per_seq
         out["max_seqs"] = blocks // per_seq
     return out
-
-
-class KVHolding(NamedTuple):
-    """What one request holds in the cache at a step: tokens stored, and its block table."""
-
-    tokens: int
-    blocks: tuple
-
-
-class BlockTableRecorder:
-    """Snapshots of every request's block table, one per step, for the KV-block map.
-
-    A table that did not change since the last step is the same object in both snapshots, so a
-    long run costs one small dict per step plus a tuple each time a table grows.
-    """
-
-    def __init__(self):
-        self._last: dict[int, KVHolding] = {}
-
-    def snapshot(self, blocks: BlockManager) -> dict[int, KVHolding]:
-        now = {}
-        for request_id, table in blocks.block_tables.items():
-            held = KVHolding(blocks.tokens_stored.get(request_id, 0), tuple(table))
-            previous = self._last.get(request_id)
-            now[request_id] = previous if previous == held else held
-        self._last = now
-        return now
 
 
 @dataclass(frozen=True)

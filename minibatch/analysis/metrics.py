@@ -1,4 +1,4 @@
-"""What a run measured: a record per request, a record per step, and the summary of both.
+"""What a run measured: the records of its requests and steps (`minibatch.engine.records`), and their summary.
 
 Latency names follow the serving literature and vLLM: queue time (arrival to first scheduled),
 TTFT (arrival to first output token), TPOT (mean time between output tokens after the first),
@@ -7,57 +7,11 @@ something, averaged over steps.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from minibatch.engine.request import Request
-
-
-@dataclass
-class RequestMetrics:
-    request_id: int
-    arrival_time: float
-    queue_time: float | None     # seconds waiting before first scheduled
-    ttft: float | None           # time to first token
-    tpot: float | None           # mean time per output token after the first (None with one token)
-    e2e: float | None            # arrival to finish
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_preemptions: int
-    finish_reason: str | None
-
-    @classmethod
-    def of(cls, r: Request) -> "RequestMetrics":
-        since = lambda t: None if t is None else t - r.arrival_time
-        n = len(r.output_token_ids)
-        tpot = (r.token_times[-1] - r.token_times[0]) / (n - 1) if n > 1 else None
-        return cls(r.request_id, r.arrival_time, since(r.first_scheduled_time), since(r.first_token_time), tpot,
-                   since(r.finish_time), len(r.prompt_token_ids), n, r.num_preemptions, r.finish_reason)
-
-
-@dataclass
-class StepRecord:
-    step: int
-    start: float
-    end: float
-    batch_size: int                  # sequences that computed in this step
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    queue_depth: int                 # requests waiting after scheduling
-    kv_blocks_used: int
-    kv_blocks_total: int
-    idle_slots: int                  # slots of max_batch_size that computed nothing
-    num_preempted: int
-    kv_tokens_stored: int = 0        # tokens the running requests hold in the cache (the rest of the blocks is waste)
-    slots: dict = field(default_factory=dict)  # slot -> (request id, "prefill" | "decode" | "held")
-    phase_times: dict = field(default_factory=dict)  # seconds per phase: schedule, prepare+forward, sample, update
-    spec_outcomes: list = field(default_factory=list)  # speculative decoding: (drafted, accepted) per sequence with drafts
-    block_tables: dict = field(default_factory=dict)  # request id -> KVHolding(tokens, block ids) after scheduling: the KV-block map
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
+from minibatch.engine.records import RequestMetrics, StepRecord
 
 
 def percentile(values, q: float) -> float | None:

@@ -25,49 +25,13 @@ Usage: `python -m minibatch profile --model smollm2-135m --batch-sizes 1 32`.
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
-import torch
 
-MODEL_PARTS = ("embed", "norm", "attention", "mlp", "lm_head")
+from minibatch.engine.timing import MODEL_PARTS
+
 OVERHEAD_PARTS = ("schedule", "prepare", "other", "sample", "update")
 PARTS = ("schedule", "propose", "prepare") + MODEL_PARTS + ("other", "sample", "update")  # drawing order
-_MODEL_METHODS = {"embed_inputs": "embed", "norm": "norm", "attention": "attention", "mlp": "mlp",
-                  "lm_head_logits": "lm_head"}
-
-
-class StepProfiler:
-    """Timers around the runner's input preparation and the model's parts, summed per step."""
-
-    def __init__(self, device: torch.device):
-        self.times = dict.fromkeys(("prepare",) + MODEL_PARTS, 0.0)
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else None
-
-    def timed(self, part: str, fn):
-        """fn, wrapped so that its time (its kernels' time, on CUDA) is added to `part`."""
-        def run(*args, **kwargs):
-            if self.sync:
-                self.sync()
-            start = time.perf_counter()
-            out = fn(*args, **kwargs)
-            if self.sync:
-                self.sync()
-            self.times[part] += time.perf_counter() - start
-            return out
-        return run
-
-    def instrument(self, model, runner) -> None:
-        """Wrap runner.prepare and the model's part methods on these instances (the class is untouched)."""
-        runner.prepare = self.timed("prepare", runner.prepare)
-        for method, part in _MODEL_METHODS.items():
-            setattr(model, method, self.timed(part, getattr(model, method)))
-
-    def collect(self) -> dict:
-        """The seconds gathered since the last call, per part; the counters restart from zero."""
-        times = dict(self.times)
-        self.times = dict.fromkeys(self.times, 0.0)
-        return times
 
 
 def breakdown(phase_times: dict) -> dict:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minibatch.config import ConfigError
-from minibatch.analysis.metrics import RequestMetrics, RunReport, percentile
+from minibatch.analysis.metrics import RunReport, percentile
+from minibatch.engine.records import RequestMetrics
 
 METRICS = ("ttft", "tpot", "e2e")
 

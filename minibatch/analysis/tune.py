@@ -91,7 +91,7 @@ def tune(workload: list[WorkloadRequest], sla: SLA, base: EngineConfig | None = 
          closed_loop=None, latency_key: str = "p99_e2e_s", use_tqdm: bool = True) -> TuneResult:
     """Search the batching knobs for `workload` under `sla`; `base` gives the model and everything else.
     With `closed_loop` (a workload.ClosedLoop) the workload is served by that many users instead."""
-    from minibatch.engine.llm import LLM
+    from minibatch.llm import LLM
 
     base = base or EngineConfig()
     space = {k: tuple(sorted(v)) for k, v in (space or DEFAULT_SPACE).items()}

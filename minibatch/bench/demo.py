@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minibatch.config import EngineConfig, SamplingParams
-from minibatch.engine.llm import LLM
+from minibatch.llm import LLM
 from minibatch.analysis.metrics import RunReport
 from minibatch.workloads import WorkloadRequest
 

@@ -20,7 +20,8 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from minibatch.bench.check import greedy_kwargs
 from minibatch.bench.systems import BLOCK_SIZE, RunResult, System
-from minibatch.analysis.metrics import RequestMetrics, RunReport
+from minibatch.analysis.metrics import RunReport
+from minibatch.engine.records import RequestMetrics
 
 MAX_BATCH_TOKENS = 512   # tokens per step, the same budget as minibatch's max_tokens_per_step default
 WAIT_S = 600.0           # longest wait for one result before the run is declared stuck

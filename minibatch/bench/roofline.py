@@ -28,7 +28,7 @@ import transformers
 from minibatch.config import EngineConfig, SamplingParams
 from minibatch.sim.costmodel import ModelSize, RooflineCostModel, StepShape
 from minibatch.engine.kv import blocks_for
-from minibatch.engine.llm import LLM
+from minibatch.llm import LLM
 from minibatch.analysis.profiler import profile_decode
 
 COPY_BYTES = 256 << 20   # size of the copied tensor: far larger than any CPU cache

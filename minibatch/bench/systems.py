@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from minibatch.config import EngineConfig, SamplingParams
 from minibatch.engine.kv import blocks_for
-from minibatch.engine.llm import LLM
+from minibatch.llm import LLM
 from minibatch.analysis.metrics import RunReport
 from minibatch.workloads import WorkloadRequest
 

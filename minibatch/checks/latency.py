@@ -42,7 +42,7 @@ def _serve_with_rule(scheduler: str, batch_ready=None, wake_time=None) -> list[t
     timeout rule, or with the given functions in its place."""
     from minibatch.config import EngineConfig
     from minibatch.workloads.distributions import Poisson, Uniform
-    from minibatch.engine.llm import LLM
+    from minibatch.llm import LLM
     from minibatch.workloads import make_workload
 
     llm = LLM(EngineConfig(model="tiny", scheduler=scheduler, clock="simulated", sim_skip_model=True,

@@ -7,7 +7,7 @@ def _served_histograms() -> list[list[tuple[float, float]]]:
     """Cumulative buckets of the TTFT, TPOT and e2e histograms of a simulated run of `tiny`."""
     from minibatch.config import EngineConfig
     from minibatch.workloads.distributions import Poisson, Uniform
-    from minibatch.engine.llm import LLM
+    from minibatch.llm import LLM
     from minibatch.serving.monitoring import exposition, histogram_buckets
     from minibatch.workloads import make_workload
 

@@ -27,7 +27,7 @@ def _exposition(generated: int, steps: int, service: list[tuple[float, float]]) 
 def _served_with_metrics() -> list[tuple[str, str, dict]]:
     """Two runs on the simulated clock, scraped around each: (before, after, the engine's own answer)."""
     from minibatch.config import EngineConfig
-    from minibatch.engine.llm import LLM
+    from minibatch.llm import LLM
     from minibatch.serving.monitoring import engine_metrics
     from minibatch.workloads import Poisson, Uniform, make_workload
 

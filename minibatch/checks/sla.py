@@ -8,8 +8,8 @@ from minibatch.checks.core import Case, check_cases, checker
 def _simulated_requests():
     """(arrival_time, token_times, the engine's RequestMetrics) of requests served on the simulated clock."""
     from minibatch.config import EngineConfig
-    from minibatch.engine.llm import LLM
-    from minibatch.analysis.metrics import RequestMetrics
+    from minibatch.llm import LLM
+    from minibatch.engine.records import RequestMetrics
     from minibatch.workloads import Poisson, Uniform, make_workload
 
     llm = LLM(EngineConfig(model="tiny", clock="simulated", sim_skip_model=True, max_batch_size=4))
@@ -34,7 +34,7 @@ def check_latency_metrics(request_latencies, percentile):
 def _sweep_rows() -> list[dict]:
     """A small sweep on the simulated clock: one row (knobs + summary) per configuration."""
     from minibatch.config import EngineConfig
-    from minibatch.engine.llm import LLM
+    from minibatch.llm import LLM
     from minibatch.workloads import Poisson, Uniform, make_workload
 
     workload = make_workload(40, Poisson(rate=4.0), output_len=Uniform(4, 32), seed=11)

@@ -10,22 +10,16 @@ import time
 
 import torch
 
-from minibatch.sim import stand_ins as sim
-from minibatch.sim.clock import make_clock
 from minibatch.config import ConfigError, EngineConfig, SamplingParams
 from minibatch.engine.cuda_graphs import with_cuda_graphs
 from minibatch.engine.kernels import get_backend
-from minibatch.engine.kv import BlockManager, KVCache, blocks_for, kv_bytes_per_token
-from minibatch.analysis.memory import BlockTableRecorder
-from minibatch.analysis.metrics import StepRecord
-from minibatch.engine.models import load_model
-from minibatch.engine.models.llama import LlamaModel
-from minibatch.analysis.profiler import StepProfiler
+from minibatch.engine.kv import BlockManager, KVCache, blocks_for, kv_bytes_per_token, pool_blocks
+from minibatch.engine.parts import ModelParts
+from minibatch.engine.records import BlockTableRecorder, StepRecord
 from minibatch.engine.request import Request
-from minibatch.engine.runner import ModelRunner
-from minibatch.engine.sampling import Sampler
 from minibatch.engine.schedulers import StepPlan, make_scheduler
 from minibatch.engine.speculative import make_speculator
+from minibatch.engine.timing import StepProfiler
 from minibatch.engine.tokens import PromptEncoder
 
 DEFAULT_MAX_MODEL_LEN = 4096   # cap on the model's own context, so the default KV budget holds several sequences
@@ -47,33 +41,32 @@ def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtyp
 class LLMEngine:
     """Holds the model and the cache, accepts requests, and advances them one step at a time."""
 
-    def __init__(self, config: EngineConfig, clock=None):
+    def __init__(self, config: EngineConfig, parts: ModelParts, clock=None):
+        """`parts` makes the model, runner, sampler and clock (`minibatch.llm.make_engine` picks them);
+        `clock`, if given, replaces the parts' clock."""
         self.config = config
         self.device, self.dtype = resolve_device_dtype(config)
         self.backend = get_backend(config.attention_backend)
-        skip_model = config.clock == "simulated" and config.sim_skip_model  # shapes and tokenizer only, no weights
-        loaded = sim.load_model_spec(config.model) if skip_model else load_model(config.model, dtype=torch.float32)
+        loaded = parts.load(config.model)
         context = loaded.config.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > context:
             raise ConfigError(f"EngineConfig.max_model_len={config.max_model_len} is not allowed: "
                               f"the model's context is {context} tokens")
         self.max_model_len = config.max_model_len or min(context, DEFAULT_MAX_MODEL_LEN)
-        self.model = (sim.ShapeOnlyModel if skip_model else LlamaModel)(loaded, self.dtype, self.device, self.max_model_len)
+        self.model = parts.model(loaded, self.dtype, self.device, self.max_model_len)
         self.prompts = PromptEncoder(loaded.tokenizer, self.model.vocab_size, self.max_model_len)
         self.eos_token_ids = set(loaded.eos_token_ids)
         per_token = kv_bytes_per_token(self.model.num_layers, self.model.num_kv_heads, self.model.head_dim, self.dtype)
-        most_usable = blocks_for(self.max_model_len, config.block_size) * config.max_batch_size  # all slots full
-        num_blocks = config.num_kv_blocks or max(1, min(most_usable, config.kv_cache_memory_bytes // (per_token * config.block_size)))
-        self.kv_cache = KVCache(self.model.num_layers, num_blocks, config.block_size,
-                                self.model.num_kv_heads, self.model.head_dim, self.dtype,
-                                torch.device("meta") if skip_model else self.device)  # meta: sizes, no memory
+        num_blocks = pool_blocks(config.num_kv_blocks, config.kv_cache_memory_bytes, config.block_size, per_token,
+                                 self.max_model_len, config.max_batch_size)
+        self.kv_cache = KVCache(self.model.num_layers, num_blocks, config.block_size, self.model.num_kv_heads,
+                                self.model.head_dim, self.dtype, parts.kv_device(self.device))
         self.blocks = BlockManager(num_blocks, config.block_size, config.kv_layout, self.max_model_len)
         self.block_recorder = BlockTableRecorder()                          # each step's block tables, for the KV-block map
         self.scheduler = make_scheduler(config, self.blocks)
-        self.runner = sim.PlaceholderRunner() if skip_model else ModelRunner(
-            self.model, self.kv_cache, self.blocks, self.backend, self.device)
-        self.sampler = sim.PlaceholderSampler(self.eos_token_ids) if skip_model else Sampler(config.seed, self.eos_token_ids)
-        self.clock = clock or make_clock(config, loaded.config)
+        self.runner = parts.runner(self.model, self.kv_cache, self.blocks, self.backend, self.device)
+        self.sampler = parts.sampler(config.seed, self.eos_token_ids)
+        self.clock = clock or parts.clock(config, loaded.config)
         if config.cuda_graphs:
             self.runner = with_cuda_graphs(self.runner, config.max_batch_size, self.max_model_len)
         self.speculator = make_speculator(self)                             # None unless speculative_method is set

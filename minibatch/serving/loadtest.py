@@ -36,7 +36,8 @@ from tqdm.auto import tqdm
 
 from minibatch.config import ConfigError, SamplingParams
 from minibatch.workloads.distributions import AllAtOnce, Fixed, LogNormal, Poisson
-from minibatch.analysis.metrics import RequestMetrics, RunReport, percentile
+from minibatch.analysis.metrics import RunReport, percentile
+from minibatch.engine.records import RequestMetrics
 from minibatch.analysis.sla import SLA, evaluate
 from minibatch.workloads import ClosedLoop, WorkloadRequest, load_workload, make_workload
 

@@ -22,7 +22,7 @@ import weakref
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from minibatch.analysis.metrics import StepRecord
+from minibatch.engine.records import StepRecord
 from minibatch.engine.request import Request
 
 PREFIX = "minibatch:"

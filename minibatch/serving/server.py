@@ -43,7 +43,7 @@ import httpx
 import uvicorn
 
 from minibatch.config import ConfigError, EngineConfig
-from minibatch.engine.llm_engine import LLMEngine
+from minibatch.llm import make_engine
 from minibatch.serving.monitoring import engine_metrics
 from minibatch.serving.app import OpenAIServer, build_app
 from minibatch.serving.body_limit import BodyLimit
@@ -59,7 +59,7 @@ def build_server(config: EngineConfig, model_name: str | None = None, max_waitin
     """The ASGI app serving `config`'s model (the engine thread starts with the app)."""
     if config.clock != "real":
         raise ConfigError(f"EngineConfig.clock={config.clock!r} is not allowed for a server: it serves in real time, use 'real'")
-    engine = LLMEngine(config)
+    engine = make_engine(config)
     metrics = engine_metrics(engine)    # made before the first step, so it counts every one
     server = OpenAIServer(engine, model_name or config.model, max_waiting, shutdown_timeout_s,
                           on_abort=metrics.observe_finished)

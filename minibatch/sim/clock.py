@@ -1,35 +1,15 @@
-"""Where the engine's time comes from.
+"""The simulated clock: time that moves only when a step is charged or the engine sleeps.
 
-`RealClock` reads the wall clock: timings are what this machine really did.
-`SimulatedClock` keeps its own time: a step lasts what a cost model (`minibatch.sim.costmodel`) says a
-step of that shape lasts, and waiting for the next arrival takes no time at all. The scheduler,
-the KV accounting and the metrics run for real either way; only the source of time differs, so
-a simulated run is deterministic and can serve thousands of requests in seconds.
+A step lasts what a cost model (`minibatch.sim.costmodel`) says a step of that shape lasts, and
+waiting for the next arrival takes no time at all. The scheduler, the KV accounting and the metrics
+run for real either way; only the source of time differs (the engine's `Clock`, whose real
+variant is `minibatch.engine.clock.RealClock`), so a simulated run is deterministic and can serve
+thousands of requests in seconds.
 """
 from __future__ import annotations
 
-import time
-
+from minibatch.engine.clock import RealClock
 from minibatch.sim.costmodel import CostModel, cost_model
-
-
-class RealClock:
-    """Seconds since the clock was made, from time.perf_counter."""
-
-    def __init__(self):
-        self._origin = time.perf_counter()
-
-    def now(self) -> float:
-        return time.perf_counter() - self._origin
-
-    def sleep_until(self, t: float) -> None:
-        delay = t - self.now()
-        if delay > 0:
-            time.sleep(delay)
-
-    def charge_step(self, plan, start: float) -> float:
-        """The time at which a step that began at `start` ended: on a real clock, now."""
-        return self.now()
 
 
 class SimulatedClock:

@@ -50,7 +50,7 @@ def load_model_spec(name: str) -> LoadedModel:
 class ShapeOnlyModel:
     """The sizes the engine reads from a model (as LlamaModel has them), without weights."""
 
-    def __init__(self, loaded: LoadedModel, *_):
+    def __init__(self, loaded: LoadedModel):
         cfg = loaded.config
         self.num_layers = cfg.num_hidden_layers
         self.num_heads = cfg.num_attention_heads

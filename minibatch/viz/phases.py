@@ -21,7 +21,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from minibatch.analysis.metrics import RunReport, StepRecord
+from minibatch.analysis.metrics import RunReport
+from minibatch.engine.records import StepRecord
 from minibatch.viz.latency import _axis_label
 
 PREFILL_COLOUR, DECODE_COLOUR = "tab:orange", "tab:blue"

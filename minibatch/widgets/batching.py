@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 
 from minibatch.config import SCHEDULERS, EngineConfig
 from minibatch.workloads.distributions import Poisson, Uniform
-from minibatch.engine.llm import LLM
+from minibatch.llm import LLM
 from minibatch.viz.load import step_series
 from minibatch.viz.timeline import slot_timeline
 from minibatch.widgets.panel_tools import figure_png, html_table

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from minibatch.config import EngineConfig, SamplingParams
-from minibatch.engine.llm import LLM
+from minibatch.llm import LLM
 from minibatch.viz.phases import decode_token_waits, step_durations
 from minibatch.widgets.panel_tools import figure_png, html_table
 from minibatch.workloads import WorkloadRequest

@@ -15,7 +15,8 @@ import time
 
 import ipywidgets as widgets
 
-from minibatch.analysis.metrics import RequestMetrics, RunReport, StepRecord, percentile
+from minibatch.analysis.metrics import RunReport, percentile
+from minibatch.engine.records import RequestMetrics, StepRecord
 from minibatch.serving.monitoring import tokens_of_step
 from minibatch.engine.request import Request
 from minibatch.viz.load import load_over_time

@@ -15,7 +15,7 @@ import ipywidgets as widgets
 
 from minibatch.config import EngineConfig
 from minibatch.workloads.distributions import Fixed, Poisson
-from minibatch.engine.llm import LLM
+from minibatch.llm import LLM
 from minibatch.viz.edge import edge_vs_server
 from minibatch.widgets.panel_tools import figure_png, html_table
 from minibatch.workloads import make_workload

@@ -142,7 +142,8 @@ class ClosedLoop:
 
     def run(self, llm, workload: list[WorkloadRequest], use_tqdm: bool = True):
         """Serve the workload's requests in order (their arrival_s is ignored) and return the RunReport."""
-        from minibatch.analysis.metrics import RequestMetrics, RunReport
+        from minibatch.analysis.metrics import RunReport
+        from minibatch.engine.records import RequestMetrics
 
         _, ids, params = llm._encode_all([w.prompt for w in workload], [w.params for w in workload], field="workload")
         engine, clock, rng = llm.engine, llm.engine.clock, np.random.default_rng(self.seed)

@@ -1,5 +1,9 @@
 """The `LLM` facade, shaped like vLLM's: `generate()` for a batch of prompts, `run()` for a workload.
 
+`make_engine(config)` builds the engine an `EngineConfig` asks for: on real parts, or on the
+simulator's (`clock="simulated"`). The facade sits above the wings it joins: the engine, the
+simulator, the workloads it serves and the run report it returns.
+
 `generate` hands every prompt to the engine at once and steps until all are done. `run` serves a
 workload whose requests arrive over time: each is added when the clock reaches its arrival, and
 an engine with nothing to do sleeps until the next arrival or batching deadline.
@@ -12,11 +16,20 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from minibatch.config import ConfigError, EngineConfig, SamplingParams
+from minibatch.analysis.metrics import RunReport
 from minibatch.engine.llm_engine import LLMEngine
-from minibatch.analysis.metrics import RequestMetrics, RunReport
+from minibatch.engine.parts import ModelParts
+from minibatch.engine.records import RequestMetrics
 from minibatch.engine.request import Request
 from minibatch.engine.tokens import is_chat
+from minibatch.sim.parts import simulated_parts
 from minibatch.workloads import WorkloadRequest
+
+
+def make_engine(config: EngineConfig, clock=None) -> LLMEngine:
+    """The engine a config asks for: the real model and clock, or the simulator's parts."""
+    parts = simulated_parts(config) if config.clock == "simulated" else ModelParts()
+    return LLMEngine(config, parts, clock=clock)
 
 
 @dataclass
@@ -51,7 +64,7 @@ class LLM:
         if config is not None and config_fields:
             raise ConfigError("pass either an EngineConfig or its fields as keywords, not both")
         self.config = config or EngineConfig(**config_fields)
-        self.engine = LLMEngine(self.config, clock=clock)
+        self.engine = make_engine(self.config, clock=clock)
 
     @property
     def tokenizer(self):
