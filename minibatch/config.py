@@ -72,6 +72,12 @@ class EngineConfig:
     ngram_prompt_lookup_max: int = 4     # method "ngram": the longest suffix n-gram looked up in the prompt and output
     ngram_prompt_lookup_min: int = 1     # method "ngram": the shortest one tried before giving up
 
+    @property
+    def batch_slots(self) -> int:
+        """Sequences one step can hold: `max_batch_size`, or 1 with scheduler="edge" (one user at a time).
+        The scheduler's slots, the KV pool's size, the CUDA-graph buckets and slot utilisation all read it."""
+        return 1 if self.scheduler == "edge" else self.max_batch_size
+
     def __post_init__(self):
         owner = "EngineConfig"
         if not isinstance(self.model, str) or not self.model:

@@ -136,4 +136,4 @@ class LLM:
                 else:
                     bar.update(len(finished))
         metrics = [RequestMetrics.of(requests[i]) for i in range(len(workload))]
-        return RunReport(metrics, engine.step_records[first_step:], self.config.max_batch_size, start_time=start)
+        return RunReport(metrics, engine.step_records[first_step:], self.config.batch_slots, start_time=start)

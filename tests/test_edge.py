@@ -49,3 +49,18 @@ def test_edge_mode_panel_switches_and_keeps_runs():
     assert [r.arrival_time for r in edge.requests] == [r.arrival_time for r in server.requests], "same arrivals"
     panel.switch.value = False
     assert panel.reports["edge"] is edge and panel.image.value == server_image, "flipping back reruns nothing"
+
+
+def test_edge_mode_has_one_slot_everywhere():
+    """Edge mode is a batch of one for every part that counts slots, whatever max_batch_size says:
+    the scheduler, the idle slots of each step, the KV pool's size and the report's slot utilisation."""
+    workload = [WorkloadRequest(0.0, [5, 6, 7, 8], SamplingParams(max_new_tokens=6, ignore_eos=True)) for _ in range(3)]
+    config = dict(model="tiny", max_batch_size=8, block_size=4, kv_cache_memory_bytes=1 << 30, max_model_len=64)
+    edge = LLM(EngineConfig(scheduler="edge", **config))
+    server = LLM(EngineConfig(scheduler="continuous", **config))
+    report = edge.run(workload, use_tqdm=False)
+    assert report.max_batch_size == 1 and report.summary()["slot_utilisation"] == 1.0
+    assert all(step.idle_slots == 0 for step in report.steps)
+    assert edge.engine.scheduler.max_batch_size == 1
+    assert edge.engine.blocks.num_blocks == 64 // 4, "the pool holds one full-length sequence"
+    assert server.engine.blocks.num_blocks == 8 * 64 // 4, "a server's pool holds max_batch_size of them"

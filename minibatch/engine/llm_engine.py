@@ -58,7 +58,7 @@ class LLMEngine:
         self.eos_token_ids = set(loaded.eos_token_ids)
         per_token = kv_bytes_per_token(self.model.num_layers, self.model.num_kv_heads, self.model.head_dim, self.dtype)
         num_blocks = pool_blocks(config.num_kv_blocks, config.kv_cache_memory_bytes, config.block_size, per_token,
-                                 self.max_model_len, config.max_batch_size)
+                                 self.max_model_len, config.batch_slots)
         self.kv_cache = KVCache(self.model.num_layers, num_blocks, config.block_size, self.model.num_kv_heads,
                                 self.model.head_dim, self.dtype, parts.kv_device(self.device))
         self.blocks = BlockManager(num_blocks, config.block_size, config.kv_layout, self.max_model_len)
@@ -68,7 +68,7 @@ class LLMEngine:
         self.sampler = parts.sampler(config.seed, self.eos_token_ids)
         self.clock = clock or parts.clock(config, loaded.config)
         if config.cuda_graphs:
-            self.runner = with_cuda_graphs(self.runner, config.max_batch_size, self.max_model_len)
+            self.runner = with_cuda_graphs(self.runner, config.batch_slots, self.max_model_len)
         self.speculator = make_speculator(self)                             # None unless speculative_method is set
         self.profiler = StepProfiler(self.device) if config.profile_steps else None
         if self.profiler:
@@ -182,7 +182,7 @@ class LLMEngine:
             num_decode_tokens=sum(1 for s in plan.seqs if not s.is_prefill),
             queue_depth=len(self.scheduler.waiting), kv_blocks_used=self.blocks.num_used_blocks,
             kv_blocks_total=self.blocks.num_blocks, kv_tokens_stored=sum(self.blocks.tokens_stored.values()),
-            idle_slots=self.config.max_batch_size - len(plan.seqs),
+            idle_slots=self.config.batch_slots - len(plan.seqs),
             num_preempted=len(plan.preempted), slots=slots, block_tables=self.block_recorder.snapshot(self.blocks))
 
     def _update(self, plan: StepPlan, sampling: list[Request], outputs: list[list[int]], logprobs: list,

@@ -71,7 +71,7 @@ class BatchingPanel(widgets.VBox):
         config = self.config()
         self.report = LLM(config).run(self.workload(), use_tqdm=False)
         self.summary = self.report.summary()
-        row = {"scheduler": config.scheduler, "max_batch_size": 1 if edge else config.max_batch_size,
+        row = {"scheduler": config.scheduler, "max_batch_size": config.batch_slots,
                "batch_timeout_s": config.batch_timeout_s, "rate": self.rate_slider.value, **self.summary}
         self.history = (self.history + [row])[-HISTORY:]
         self.metrics.value = (f"<b>{self.num_requests} requests, simulated clock ({self.sim_profile})</b>; "

@@ -81,7 +81,7 @@ class Dashboard(widgets.VBox):
                         if k in LABELS)
         self.numbers.value = f"<table>{cells}</table>"
         recent = self.steps[-MAX_STEPS_DRAWN:]
-        view = RunReport([], recent, self.engine.config.max_batch_size, start_time=self.steps[0].start)
+        view = RunReport([], recent, self.engine.config.batch_slots, start_time=self.steps[0].start)
         self.image.value = figure_png(load_over_time(view, title=f"live: {self.engine.config.model}, "
                                                                  f"{self.engine.config.scheduler} batching"))
         self.updates += 1

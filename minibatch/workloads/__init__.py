@@ -168,4 +168,4 @@ class ClosedLoop:
                     heapq.heappush(ready, (r.finish_time + think, owner[r.request_id]))
                 bar.update(len(finished))
         metrics = [RequestMetrics.of(requests[i]) for i in range(len(workload))]
-        return RunReport(metrics, engine.step_records[first_step:], llm.config.max_batch_size, start_time=start)
+        return RunReport(metrics, engine.step_records[first_step:], llm.config.batch_slots, start_time=start)

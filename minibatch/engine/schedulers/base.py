@@ -54,7 +54,7 @@ class Scheduler:
     """The queue, the running set and the slots they occupy; subclasses decide who runs."""
 
     def __init__(self, config: EngineConfig, block_manager: BlockManager):
-        self.max_batch_size = config.max_batch_size
+        self.max_batch_size = config.batch_slots
         self.batch_timeout_s = config.batch_timeout_s
         self.max_tokens_per_step = config.max_tokens_per_step
         self.num_speculative_tokens = config.num_speculative_tokens if config.speculative_method else 0
@@ -62,7 +62,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.slot_of: dict[int, int] = {}            # request id -> slot index in [0, max_batch_size)
-        self._free_slots = list(range(config.max_batch_size))
+        self._free_slots = list(range(config.batch_slots))
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)

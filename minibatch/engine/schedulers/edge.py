@@ -5,13 +5,14 @@ where there is one user and the hardware is a phone or a laptop.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from minibatch.config import EngineConfig
 from minibatch.engine.kv import BlockManager
 from minibatch.engine.schedulers.continuous import ContinuousScheduler
 
 
 class EdgeScheduler(ContinuousScheduler):
+    """Continuous batching on one slot (`EngineConfig.batch_slots` is 1 in edge mode) that never waits."""
+
     def __init__(self, config: EngineConfig, block_manager: BlockManager):
-        super().__init__(replace(config, max_batch_size=1, batch_timeout_s=0.0), block_manager)
+        super().__init__(config, block_manager)
+        self.batch_timeout_s = 0.0                   # one user: nothing to wait for
