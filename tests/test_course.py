@@ -60,10 +60,6 @@ def test_chapter_00_defines_every_glossary_term_once():
 TIMING = re.compile(r"tok_s|per_s\b|_s$|_ms$|duration|ttft|tpot|e2e|latency|throughput|seconds|elapsed|"
                     r"speed_?up|perf_counter|monotonic|(^|_)(times?|wait)($|_)", re.IGNORECASE)
 COUNT_SERIES = re.compile(r"_(count|total)(\{.*)?$")   # a Prometheus counter's name counts events, whatever it counts
-# ALLOW-LIST, to be emptied: notebooks (chapters 08-14) whose closing checks still assert on a
-# timing and are being converted to claim(...). Remove each name as its chapter lands; the test
-# then judges it like every other notebook.
-TIMING_ASSERTS_PENDING = {"notebooks/08_small_model_specifics.ipynb"}
 NOTEBOOKS_AND_SOLUTIONS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
 
 
@@ -130,15 +126,8 @@ def test_timing_asserts_are_found():
 @pytest.mark.parametrize("path", NOTEBOOKS_AND_SOLUTIONS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_no_timing_is_asserted_outside_claim(path):
     name, found = f"{path.parent.name}/{path.name}", timing_asserts(code_cells(path))
-    if name in TIMING_ASSERTS_PENDING:
-        assert found, f"{name} no longer asserts on a timing: take it off TIMING_ASSERTS_PENDING"
-        pytest.xfail(f"{name}: timing asserts still being converted to claim(...)")
     assert not found, (f"{name} asserts on a timing: {found}. State the claim with minibatch.analysis.claims.claim "
                        "on counts, the simulated clock or interleaved Rounds")
-
-
-# ALLOW-LIST, to be emptied: chapters whose "Further reading" section is still being written.
-FURTHER_READING_PENDING = {"08_small_model_specifics"}
 
 
 def further_reading_problems(path: Path) -> list[str]:
@@ -154,7 +143,4 @@ def further_reading_problems(path: Path) -> list[str]:
 @pytest.mark.parametrize("index", range(len(CHAPTERS)), ids=lambda i: CHAPTERS[i].stem)
 def test_chapter_ends_with_further_reading(index):
     name, found = CHAPTERS[index].stem, further_reading_problems(CHAPTERS[index])
-    if name in FURTHER_READING_PENDING:
-        assert found, f"{name} has its further reading: take it off FURTHER_READING_PENDING"
-        pytest.xfail(f"{name}: further reading still being written")
     assert not found, f"{name}: {found}"
