@@ -205,3 +205,20 @@ def test_smollm2_reference_answers_in_english():
         out = model.generate(ids["input_ids"], max_new_tokens=12, do_sample=False)
     answer = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
     assert "Paris" in answer
+
+
+@pytest.mark.parametrize("untied", [False, True])
+def test_engine_model_counts_parameters_and_step_bytes_like_transformers(tmp_path, untied):
+    from minibatch.engine.models.llama import LlamaModel
+    if untied:
+        random_llama(_gqa_untied_config(), seed=7).save_pretrained(tmp_path)
+        tiny_tokenizer().save_pretrained(tmp_path)
+        name = str(tmp_path)
+    else:
+        name = "tiny"
+    hf, _ = load_hf(name)
+    model = LlamaModel(load_model(name), torch.float32, torch.device("cpu"), max_positions=64)
+    assert model.tied is not untied
+    assert model.num_parameters() == hf.num_parameters()
+    embedding = hf.get_input_embeddings().weight.numel()
+    assert model.decode_weight_bytes() == 4 * (hf.num_parameters() - embedding + (0 if untied else embedding))

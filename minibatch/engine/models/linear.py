@@ -90,5 +90,13 @@ class Linear:
             return torch.ops.mkldnn._linear_pointwise(x, residual, self.weight, None, "add")
         return residual + self(x)
 
+    def numel(self) -> int:
+        """Number of weights, N x K (whatever layout the packed copy has)."""
+        return self.shape.numel()
+
+    def element_size(self) -> int:
+        """Bytes per weight: 4 in float32, 2 in bfloat16."""
+        return self.dtype.itemsize
+
     def __repr__(self):
         return f"Linear({tuple(self.shape)}, {self.dtype}, path={self.path!r})"

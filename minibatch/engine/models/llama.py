@@ -44,6 +44,7 @@ class LlamaModel:
         self.scale = self.head_dim ** -0.5
         sd = loaded.state_dict
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()
+        self.tied = sd["lm_head.weight"].data_ptr() == sd["model.embed_tokens.weight"].data_ptr()
         self.embed = put(sd["model.embed_tokens.weight"])                  # (V, C)
         self.lm_head = Linear(put(sd["lm_head.weight"]))                    # (V, C), tied or not; the embedding stays plain for lookups
         self.final_norm = put(sd["model.norm.weight"])                      # (C,)
@@ -69,6 +70,22 @@ class LlamaModel:
         sin = angles.sin()
         self.signed_sin = torch.cat((-sin[:, :self.head_dim // 2], sin[:, self.head_dim // 2:]), dim=-1).to(
             device=device, dtype=dtype)
+
+    def linears(self) -> list[Linear]:
+        """Every weight matrix a decode step multiplies by: each layer's four, then the LM head."""
+        return [layer[n] for layer in self.layers for n in ("qkv", "o", "gate_up", "down")] + [self.lm_head]
+
+    def num_parameters(self) -> int:
+        """Every weight of the checkpoint once (a tied LM head is the embedding, counted once)."""
+        norms = self.final_norm.numel() + sum(layer["attn_norm"].numel() + layer["mlp_norm"].numel()
+                                              for layer in self.layers)
+        matrices = sum(w.numel() for w in self.linears()) - (self.lm_head.numel() if self.tied else 0)
+        return self.embed.numel() + norms + matrices
+
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights a decode step reads: every matrix and norm (the embedding is only looked up)."""
+        norms = [self.final_norm] + [layer[n] for layer in self.layers for n in ("attn_norm", "mlp_norm")]
+        return sum(t.numel() * t.element_size() for t in self.linears() + norms)
 
     def forward(self, input_ids, positions, slot_mapping, meta, kv_cache, backend, logits_rows, num_layers=None):
         """Run T packed tokens through the model; returns logits (S, V) for the S rows in logits_rows.
