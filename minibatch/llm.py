@@ -10,13 +10,13 @@ an engine with nothing to do sleeps until the next arrival or batching deadline.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
 from minibatch.config import ConfigError, EngineConfig, SamplingParams
 from minibatch.analysis.metrics import RunReport
+from minibatch.engine.arrivals import TimedArrivals
 from minibatch.engine.llm_engine import LLMEngine
 from minibatch.engine.parts import ModelParts
 from minibatch.engine.records import RequestMetrics
@@ -118,22 +118,12 @@ class LLM:
         if several:
             raise ConfigError(f"SamplingParams.n={several} is not allowed in a workload: each request is one "
                               "continuation (n=1); give each its own WorkloadRequest")
-        engine, clock = self.engine, self.engine.clock
-        first_step, start = len(engine.step_records), clock.now()
-        order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_s)
-        pending = deque((start + workload[i].arrival_s, i, (ids[i], params[i])) for i in order)
-        requests: dict[int, Request] = {}
+        engine = self.engine
+        first_step, start = len(engine.step_records), engine.clock.now()
         with tqdm(total=len(workload), desc=f"run ({self.config.scheduler})", unit="req", disable=not use_tqdm) as bar:
-            while pending or engine.has_unfinished():
-                while pending and pending[0][0] <= clock.now():
-                    arrival, index, (prompt_ids, p) = pending.popleft()
-                    requests[index] = engine.add_request(prompt_ids, p, arrival_time=arrival)
-                finished = engine.step()
-                if finished is None:
-                    wake = [t for t in (pending[0][0] if pending else None, engine.scheduler.wake_time()) if t is not None]
-                    if wake:
-                        clock.sleep_until(min(wake))
-                else:
-                    bar.update(len(finished))
+            arrivals = TimedArrivals([(w.arrival_s, prompt_ids, p) for w, prompt_ids, p in zip(workload, ids, params)],
+                                     start, on_step=lambda finished: bar.update(len(finished)))
+            engine.serve(arrivals)
+        requests = arrivals.requests
         metrics = [RequestMetrics.of(requests[i]) for i in range(len(workload))]
         return RunReport(metrics, engine.step_records[first_step:], self.config.batch_slots, start_time=start)

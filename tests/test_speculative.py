@@ -177,7 +177,7 @@ def test_rejected_drafts_are_rolled_back(references, noisy_draft):
         for r in engine.scheduler.running:
             assert len(engine.blocks.block_tables[r.request_id]) == blocks_for(r.num_computed_tokens, 2)
             assert engine.blocks.tokens_stored[r.request_id] == r.num_computed_tokens
-            assert engine.speculator.proposer.computed.get(r.request_id, 0) <= r.num_computed_tokens
+            assert engine.decoder.proposer.computed.get(r.request_id, 0) <= r.num_computed_tokens
         released += sum(d - a for d, a in engine.step_records[-1].spec_outcomes)
     assert released > 0, "the noisy draft was meant to be rejected sometimes"
     assert [r.output_token_ids for r in requests] == references

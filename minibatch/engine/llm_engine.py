@@ -1,12 +1,11 @@
 """The engine's step loop: schedule, run, sample, update, record.
 
-`LLMEngine` owns the pieces (model, KV cache, block manager, scheduler, sampler, clock) and moves
+`LLMEngine` owns the pieces (model, KV cache, block manager, scheduler, decoder, clock) and moves
 every request forward one step at a time. Requests are checked when they are added, so bad input
-fails before any work starts and never disturbs the requests already being served.
+fails before any work starts and never disturbs the requests already being served. `serve` is the
+arrival loop around the steps; the few counts a server or a dashboard reads are public methods.
 """
 from __future__ import annotations
-
-import time
 
 import torch
 
@@ -18,8 +17,8 @@ from minibatch.engine.parts import ModelParts
 from minibatch.engine.records import BlockTableRecorder, StepRecord
 from minibatch.engine.request import Request
 from minibatch.engine.schedulers import StepPlan, make_scheduler
-from minibatch.engine.speculative import make_speculator
-from minibatch.engine.timing import StepProfiler
+from minibatch.engine.speculative import make_decoder
+from minibatch.engine.timing import PhaseTimer, StepProfiler
 from minibatch.engine.tokens import PromptEncoder
 
 DEFAULT_MAX_MODEL_LEN = 4096   # cap on the model's own context, so the default KV budget holds several sequences
@@ -65,11 +64,12 @@ class LLMEngine:
         self.block_recorder = BlockTableRecorder()                          # each step's block tables, for the KV-block map
         self.scheduler = make_scheduler(config, self.blocks)
         self.runner = parts.runner(self.model, self.kv_cache, self.blocks, self.backend, self.device)
-        self.sampler = parts.sampler(config.seed, self.eos_token_ids)
         self.clock = clock or parts.clock(config, loaded.config)
         if config.cuda_graphs:
             self.runner = with_cuda_graphs(self.runner, config.batch_slots, self.max_model_len)
-        self.speculator = make_speculator(self)                             # None unless speculative_method is set
+        sampler = parts.sampler(config.seed, self.eos_token_ids)
+        self.decoder = make_decoder(config, sampler, self.model, self.kv_cache, self.blocks, self.backend,
+                                    self.device, self.dtype, self.max_model_len)  # plain or speculative
         self.profiler = StepProfiler(self.device) if config.profile_steps else None
         if self.profiler:
             self.profiler.instrument(self.model, self.runner)
@@ -106,7 +106,7 @@ class LLMEngine:
         if any(t >= self.model.vocab_size for t in params.logit_bias or {}):
             raise ConfigError(f"SamplingParams.logit_bias={params.logit_bias!r} is not allowed: token ids are in "
                               f"[0, {self.model.vocab_size})")
-        if self.speculator:
+        if self.decoder.drafts:
             for name, neutral in (("logprobs", None), ("min_tokens", 0), ("repetition_penalty", 1.0),
                                   ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("logit_bias", None)):
                 if getattr(params, name) not in (neutral, {}):
@@ -126,44 +126,67 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
-    def abort(self, request: Request) -> None:
-        """End a request early (a client went away); its blocks go back to the pool."""
+    @property
+    def num_waiting(self) -> int:
+        """Requests in the queue, not yet running."""
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Requests holding a slot that have not finished."""
+        return sum(1 for r in self.scheduler.running if not r.is_finished)
+
+    @property
+    def kv_usage(self) -> float:
+        """The share of KV blocks in use, 0 to 1 (vLLM's kv_cache_usage_perc)."""
+        return self.blocks.num_used_blocks / self.blocks.num_blocks
+
+    def next_wake_time(self, *others: float | None) -> float | None:
+        """The earliest of the scheduler's batching deadline and `others` (None where there is none)."""
+        return min((t for t in (self.scheduler.wake_time(), *others) if t is not None), default=None)
+
+    def serve(self, arrivals) -> None:
+        """Serve requests as they arrive (an `engine.arrivals.Arrivals`) until none remain."""
+        while arrivals.admit(self) or self.has_unfinished():
+            finished = self.step()
+            if finished is None:                                         # nothing can run yet: wait
+                arrivals.wait_until(self, self.next_wake_time(arrivals.next_event()))
+            else:
+                arrivals.after_step(finished)
+
+    def abort(self, request: Request, reason: str = "abort") -> None:
+        """End a request between steps ("abort": a client went away; "stop": a stop string); its blocks go back."""
         if not request.is_finished:
             self.scheduler.abort(request)
-            self._finish(request, "abort", self.clock.now())
+            self._finish(request, reason, self.clock.now())
+
+    def release(self, request: Request) -> None:
+        """Forget a finished request (a server's requests come and go)."""
+        self.requests.pop(request.request_id, None)
+
+    def forget_old_steps(self, keep: int) -> None:
+        """Bound the step records (a server runs for days): at 2 x keep records, keep the latest keep."""
+        if len(self.step_records) > 2 * keep:
+            del self.step_records[:-keep]
 
     def step(self) -> list[Request] | None:
         """One step; returns the requests that finished in it, or None if nothing could run."""
-        start = self.clock.now()
-        t0 = time.perf_counter()
-        plan = self.scheduler.schedule(start)
-        if not plan.seqs:
-            return None
-        record = self._describe(plan, start)
-        sampling = [s.request for s in plan.seqs if s.samples]
-        t1 = time.perf_counter()
-        if self.speculator:
-            self.speculator.propose(plan)                                    # draft tokens for the decoding seqs
-            if self.profiler:
-                self.profiler.collect()                                      # a layer-skip draft's layers count as propose
-        t2 = time.perf_counter()
-        logits = self.runner.execute(plan)                                   # (S, V), plus a row per draft token
-        t3 = time.perf_counter()
-        logprobs = [None] * len(sampling)
-        if self.speculator:
-            outputs, record.spec_outcomes = self.speculator.verify(logits, plan)  # 1 to k + 1 tokens each
-        else:
-            sampled = self.sampler.sample(logits, sampling)
-            outputs, logprobs = [[s.token_id] for s in sampled], [s.logprobs for s in sampled]
-        t4 = time.perf_counter()
-        end = self.clock.charge_step(plan, start)
-        finished = self._update(plan, sampling, outputs, logprobs, end)
-        record.end = end
-        record.phase_times = {"schedule": t1 - t0, "model": t3 - t2, "sample": t4 - t3, "update": time.perf_counter() - t4}
-        if self.speculator:
-            record.phase_times["propose"] = t2 - t1
-        if self.profiler:
-            record.phase_times.update(self.profiler.collect())
+        timer, start = PhaseTimer(self.profiler), self.clock.now()
+        with timer("schedule"):
+            plan = self.scheduler.schedule(start)
+            if not plan.seqs:
+                return None
+            record = self._describe(plan, start)
+        with timer("propose", counted=self.decoder.drafts):
+            self.decoder.propose(plan)                                   # draft tokens, when speculating
+        with timer("model"):
+            logits = self.runner.execute(plan)                           # (S, V), plus a row per draft token
+        with timer("sample"):
+            outputs, logprobs, record.spec_outcomes = self.decoder.choose(logits, plan)  # 1 to k + 1 tokens each
+        with timer("update"):
+            record.end = self.clock.charge_step(plan, start)
+            finished = self._update(plan, outputs, logprobs, start, record.end)
+        record.phase_times = timer.times()
         self.step_records.append(record)
         for observe in self.step_observers:
             observe(record, finished)
@@ -173,9 +196,6 @@ class LLMEngine:
         slots = {self.scheduler.slot_of[s.request.request_id]: (s.request.request_id, "prefill" if s.is_prefill else "decode")
                  for s in plan.seqs}
         slots.update({slot: (rid, "held") for slot, rid in plan.held_slots.items()})
-        for s in plan.seqs:
-            if s.request.first_scheduled_time is None:
-                s.request.first_scheduled_time = start
         return StepRecord(
             step=len(self.step_records), start=start, end=start, batch_size=len(plan.seqs),
             num_prefill_tokens=sum(s.num_new_tokens for s in plan.seqs if s.is_prefill),
@@ -185,10 +205,13 @@ class LLMEngine:
             idle_slots=self.config.batch_slots - len(plan.seqs),
             num_preempted=len(plan.preempted), slots=slots, block_tables=self.block_recorder.snapshot(self.blocks))
 
-    def _update(self, plan: StepPlan, sampling: list[Request], outputs: list[list[int]], logprobs: list,
+    def _update(self, plan: StepPlan, outputs: list[list[int]], logprobs: list, start: float,
                 now: float) -> list[Request]:
+        sampling = [s.request for s in plan.seqs if s.samples]             # read before the tokens are counted
         for seq in plan.seqs:
             seq.request.num_computed_tokens += seq.num_new_tokens
+            if seq.request.first_scheduled_time is None:
+                seq.request.first_scheduled_time = start
         finished = []
         for request, tokens, token_logprobs in zip(sampling, outputs, logprobs):
             request.num_computed_tokens += len(tokens) - 1                   # accepted draft tokens are cached too
@@ -204,8 +227,7 @@ class LLMEngine:
                     self._finish(request, reason, now)
                     finished.append(request)
                     break
-        if self.speculator:
-            self.speculator.rewind(plan)                                     # release the rejected drafts' slots
+        self.decoder.rewind(plan)                                        # release the rejected drafts' slots
         return finished
 
     def _stop_reason(self, request: Request, token: int) -> str | None:
@@ -219,6 +241,4 @@ class LLMEngine:
     def _finish(self, request: Request, reason: str, now: float) -> None:
         request.finish(reason, now)
         self.scheduler.finish(request)
-        self.sampler.release(request.request_id)
-        if self.speculator:
-            self.speculator.release(request.request_id)
+        self.decoder.release(request.request_id)

@@ -8,6 +8,11 @@ greedy rows take the argmax of those; sampled rows divide by the temperature, dr
 `min_p` times the most likely one, keep the top-k and the top-p, and draw. Each row draws from its
 request's own `torch.Generator`, seeded per request, so a request's sampled output is the same
 whether it ran alone or beside sixty-three others.
+
+The engine decodes through a *decoder*: `propose(plan)` before the model runs (draft tokens, for
+speculative decoding), `choose(logits, plan)` after it (each sampling sequence's new tokens,
+with log-probabilities where asked), `rewind(plan)` after the update and `release(request_id)` when a request ends. `PlainDecoder` is
+one token per sequence from the `Sampler`; `minibatch.engine.speculative.Speculator` is the other.
 """
 from __future__ import annotations
 
@@ -129,3 +134,27 @@ class Sampler:
             histories = [(requests[row].prompt_token_ids, requests[row].output_token_ids) for row in penalised]
             logits[penalised] = apply_penalties(logits[penalised], histories, [params[row] for row in penalised])
         return logits
+
+
+class PlainDecoder:
+    """One new token per sampling sequence, from the sampler; nothing is drafted."""
+
+    drafts = False                                  # no propose phase to time
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def propose(self, plan) -> None:
+        pass
+
+    def choose(self, logits, plan) -> tuple[list[list[int]], list, list]:
+        """logits (S, V) -> one token for each of the S sampling sequences, its log-probabilities (None
+        where not asked) and no draft outcomes."""
+        sampled = self.sampler.sample(logits, [s.request for s in plan.seqs if s.samples])
+        return [[t.token_id] for t in sampled], [t.logprobs for t in sampled], []
+
+    def rewind(self, plan) -> None:
+        pass
+
+    def release(self, request_id: int) -> None:
+        self.sampler.release(request_id)

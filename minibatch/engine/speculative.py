@@ -31,7 +31,7 @@ from minibatch.engine.kernels import AttentionMetadata
 from minibatch.engine.kv import KVCache
 from minibatch.engine.models import load_model
 from minibatch.engine.models.llama import LlamaModel
-from minibatch.engine.sampling import filter_logits
+from minibatch.engine.sampling import PlainDecoder, filter_logits
 
 
 def expected_tokens_per_step(acceptance_rate: float, k: int) -> float:
@@ -160,7 +160,10 @@ class ModelProposer:
 
 
 class Speculator:
-    """Proposes drafts for a step's decoding sequences, verifies them, and rolls back the rejected."""
+    """The speculative decoder: proposes drafts for a step's decoding sequences, verifies them, and rolls
+    back the rejected (the same four calls as `minibatch.engine.sampling.PlainDecoder`)."""
+
+    drafts = True                                   # propose is a phase of the step
 
     def __init__(self, proposer, blocks, sampler):
         self.proposer, self.blocks, self.sampler = proposer, blocks, sampler
@@ -178,9 +181,10 @@ class Speculator:
                 seq.draft_token_ids = d
                 self.draft_probs[seq.request.request_id] = q
 
-    def verify(self, logits, plan) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    def choose(self, logits, plan) -> tuple[list[list[int]], list[None], list[tuple[int, int]]]:
         """logits (rows, V): 1 + len(drafts) rows per sampling sequence. Returns the tokens each one
-        produced, and (drafted, accepted) for each sequence that had drafts."""
+        produced, no log-probabilities (the engine refuses `logprobs` when speculating), and
+        (drafted, accepted) for each sequence that had drafts."""
         greedy_rows = logits.argmax(dim=-1).tolist()
         outputs, outcomes, row = [], [], 0
         for seq in (s for s in plan.seqs if s.samples):
@@ -196,7 +200,7 @@ class Speculator:
             outputs.append(tokens)
             if drafts:
                 outcomes.append((len(drafts), len(tokens) - 1))
-        return outputs, outcomes
+        return outputs, [None] * len(outputs), outcomes
 
     def rewind(self, plan) -> None:
         """After the update: release blocks reserved past each speculating sequence's accepted tokens."""
@@ -207,14 +211,15 @@ class Speculator:
 
     def release(self, request_id: int) -> None:
         self.proposer.release(request_id)
+        self.sampler.release(request_id)
 
 
-def make_speculator(engine):
-    """The Speculator an engine's config asks for, or None; checks the draft model fits the target."""
-    config, model = engine.config, engine.model
+def make_decoder(config, sampler, model, kv_cache, blocks, backend, device, dtype, max_model_len):
+    """The decoder a config asks for: plain sampling, or a Speculator with its proposer (checking that
+    a draft fits the target `model`, whose `kv_cache` a layer-skip draft shares)."""
     method = config.speculative_method
     if method is None:
-        return None
+        return PlainDecoder(sampler)
     if method == "ngram":
         proposer = NgramProposer(config.ngram_prompt_lookup_max, config.ngram_prompt_lookup_min)
     elif method == "layer_skip":
@@ -222,14 +227,14 @@ def make_speculator(engine):
         if layers >= model.num_layers:
             raise ConfigError(f"EngineConfig.speculative_layers={layers} is not allowed: the draft must skip "
                               f"some of the model's {model.num_layers} layers (1 to {model.num_layers - 1})")
-        proposer = ModelProposer(model, engine.kv_cache, engine.blocks, engine.backend, engine.device, layers)
+        proposer = ModelProposer(model, kv_cache, blocks, backend, device, layers)
     else:
-        draft = LlamaModel(load_model(config.speculative_model), engine.dtype, engine.device, engine.max_model_len)
+        draft = LlamaModel(load_model(config.speculative_model), dtype, device, max_model_len)
         if draft.vocab_size != model.vocab_size:
             raise ConfigError(f"EngineConfig.speculative_model={config.speculative_model!r} is not allowed: its "
                               f"vocabulary has {draft.vocab_size} tokens, the model's {model.vocab_size}; "
                               "the draft needs the same tokenizer")
-        cache = KVCache(draft.num_layers, engine.blocks.num_blocks, engine.blocks.block_size, draft.num_kv_heads,
-                        draft.head_dim, engine.dtype, engine.device)
-        proposer = ModelProposer(draft, cache, engine.blocks, engine.backend, engine.device)
-    return Speculator(proposer, engine.blocks, engine.sampler)
+        cache = KVCache(draft.num_layers, blocks.num_blocks, blocks.block_size, draft.num_kv_heads,
+                        draft.head_dim, dtype, device)
+        proposer = ModelProposer(draft, cache, blocks, backend, device)
+    return Speculator(proposer, blocks, sampler)

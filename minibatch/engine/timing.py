@@ -1,5 +1,6 @@
-"""Timers for a step's parts, used when `EngineConfig(profile_steps=True)` (see `minibatch.analysis.profiler`).
+"""Timers for a step: its phases (`PhaseTimer`), and with `EngineConfig(profile_steps=True)` the parts of its model work.
 
+`PhaseTimer` times the phases of every step (schedule, propose, model, sample, update).
 `StepProfiler.instrument` wraps the runner's input preparation and the model's part methods on
 those instances; every call adds its seconds to its part, and `collect()` hands over a step's sums.
 On CUDA a timer synchronises the device before and after, so a part is charged for its kernels.
@@ -7,6 +8,7 @@ On CUDA a timer synchronises the device before and after, so a part is charged f
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -46,3 +48,25 @@ class StepProfiler:
         times = dict(self.times)
         self.times = dict.fromkeys(self.times, 0.0)
         return times
+
+
+class PhaseTimer:
+    """Seconds per phase of one step: `with timer("model"): ...`. With a StepProfiler, the model
+    phase's parts too; parts timed before that phase (a layer-skip draft's layers) count as propose."""
+
+    def __init__(self, profiler: StepProfiler | None = None):
+        self.profiler = profiler
+        self._times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str, counted: bool = True):
+        if self.profiler and phase == "model":
+            self.profiler.collect()                 # start the parts' counters at the model phase
+        start = time.perf_counter()
+        yield
+        if counted:
+            self._times[phase] = time.perf_counter() - start
+
+    def times(self) -> dict:
+        """The step's phase times, and its model parts' when profiled."""
+        return {**self._times, **(self.profiler.collect() if self.profiler else {})}

@@ -17,6 +17,7 @@ import traceback
 from dataclasses import dataclass
 
 from minibatch.config import SamplingParams
+from minibatch.engine.arrivals import Arrivals
 from minibatch.engine.llm_engine import LLMEngine
 from minibatch.serving.protocol import APIError
 from minibatch.serving.responses import TokenLogprob
@@ -55,7 +56,9 @@ class Job:
         self.loop.call_soon_threadsafe(self.updates.put_nowait, update)
 
 
-class EngineThread:
+class EngineThread(Arrivals):
+    """The engine's step loop in a thread of its own, fed by the HTTP side through an inbox."""
+
     def __init__(self, engine: LLMEngine, max_waiting: int, on_abort=None):
         self.engine = engine
         self.max_waiting = max_waiting          # queued requests beyond which new ones get 429
@@ -78,7 +81,7 @@ class EngineThread:
     @property
     def num_waiting(self) -> int:
         """Requests accepted but not yet running: the inbox and the scheduler's queue."""
-        return sum(kind == "add" for kind, _ in self._inbox) + len(self.engine.scheduler.waiting)
+        return sum(kind == "add" for kind, _ in self._inbox) + self.engine.num_waiting
 
     def submit(self, jobs: list[Job]) -> None:
         """Queue the continuations of one request, all or none."""
@@ -120,28 +123,34 @@ class EngineThread:
                 job.push(Update(job.index, "", job.seen, error=f"the engine failed: {error!r}"))
 
     def _loop(self) -> None:
-        engine = self.engine
-        while True:
-            with self._cond:
-                while not (self._inbox or engine.has_unfinished() or self._stopping):
-                    self._cond.wait()       # idle: sleep until submit / abort / stop
-                commands, self._inbox = self._inbox, []
-            for kind, job in commands:
-                self._add(job) if kind == "add" else self._abort(job, None)
-            if self._deadline is not None and engine.clock.now() >= self._deadline:
-                for job in list(self._active.values()):
-                    self._abort(job, "the server shut down before this request finished")
-            if self._stopping and not engine.has_unfinished():
-                return
-            if engine.step() is None:       # work waits for the batching timeout: sleep until then
-                wake = [t for t in (engine.scheduler.wake_time(), self._deadline) if t is not None]
-                with self._cond:
-                    if not self._inbox:
-                        self._cond.wait(max(0.0, min(wake) - engine.clock.now()) if wake else 0.01)
-            else:
-                self._publish()
-                if len(engine.step_records) > 2 * KEEP_STEP_RECORDS:   # a server runs for days: keep the recent ones
-                    del engine.step_records[:-KEEP_STEP_RECORDS]
+        self.engine.serve(self)             # the engine's arrival loop, with this thread's inbox as the arrivals
+
+    # ---- the engine's Arrivals: the inbox, the shutdown deadline, publishing after each step ----
+    def admit(self, engine) -> bool:
+        """Sleep while there is nothing to do; then carry out the inbox's commands. More may arrive until stop."""
+        with self._cond:
+            while not (self._inbox or engine.has_unfinished() or self._stopping):
+                self._cond.wait()           # idle: sleep until submit / abort / stop
+            commands, self._inbox = self._inbox, []
+        for kind, job in commands:
+            self._add(job) if kind == "add" else self._abort(job, None)
+        if self._deadline is not None and engine.clock.now() >= self._deadline:
+            for job in list(self._active.values()):
+                self._abort(job, "the server shut down before this request finished")
+        return not self._stopping
+
+    def next_event(self) -> float | None:
+        return self._deadline
+
+    def wait_until(self, engine, t: float | None) -> None:
+        """Work waits for the batching timeout (or the shutdown deadline): sleep until then, or a command."""
+        with self._cond:
+            if not self._inbox:
+                self._cond.wait(max(0.0, t - engine.clock.now()) if t is not None else 0.01)
+
+    def after_step(self, finished: list) -> None:
+        self._publish()
+        self.engine.forget_old_steps(KEEP_STEP_RECORDS)   # a server runs for days: keep the recent records
 
     def _add(self, job: Job) -> None:
         job.request = self.engine.add_request(job.prompt_ids, job.params, arrival_time=job.arrival)
@@ -151,14 +160,13 @@ class EngineThread:
         if job.request is None or self._active.pop(job.request.request_id, None) is None:
             return                          # never added, or already over
         self._end_early(job.request, "abort")
-        self.engine.requests.pop(job.request.request_id, None)
+        self.engine.release(job.request)
         if error:
             job.push(Update(job.index, "", len(job.request.output_token_ids), error=error))
 
     def _end_early(self, request, reason: str) -> None:
         """Finish a request between steps: "abort" (client gone, shutdown) or "stop" (a stop string)."""
-        self.engine.abort(request)
-        request.finish_reason = reason
+        self.engine.abort(request, reason)
         self.on_abort(request)
 
     def _publish(self) -> None:
@@ -180,7 +188,7 @@ class EngineThread:
                 job.push(Update(job.index, delta, n, "stop" if stopped else request.finish_reason,
                                 logprobs=self._new_logprobs(job)))
                 del self._active[rid]
-                self.engine.requests.pop(rid, None)
+                self.engine.release(request)
             elif delta:
                 job.push(Update(job.index, delta, n, logprobs=self._new_logprobs(job)))
 

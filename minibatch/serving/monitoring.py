@@ -72,12 +72,9 @@ class EngineMetrics:
         def histogram(name, doc, buckets):
             return Histogram(PREFIX + name, doc, buckets=buckets, **label).labels(model)
 
-        scheduler, blocks = engine.scheduler, engine.blocks
-        gauge("num_requests_running", "Number of requests in model execution batches.",
-              lambda: sum(1 for r in scheduler.running if not r.is_finished))
-        gauge("num_requests_waiting", "Number of requests waiting to be processed.", lambda: len(scheduler.waiting))
-        gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-              lambda: blocks.num_used_blocks / blocks.num_blocks)
+        gauge("num_requests_running", "Number of requests in model execution batches.", lambda: engine.num_running)
+        gauge("num_requests_waiting", "Number of requests waiting to be processed.", lambda: engine.num_waiting)
+        gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", lambda: engine.kv_usage)
         self.preemptions = counter("num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")

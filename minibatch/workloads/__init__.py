@@ -26,6 +26,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minibatch.config import ConfigError, SamplingParams
+from minibatch.engine.arrivals import Arrivals
 from minibatch.workloads.distributions import (AllAtOnce, Bursts, Empirical, Exponential, Fixed, LogNormal,  # noqa: F401
                                      Poisson, Uniform)
 
@@ -146,26 +147,38 @@ class ClosedLoop:
         from minibatch.engine.records import RequestMetrics
 
         _, ids, params = llm._encode_all([w.prompt for w in workload], [w.params for w in workload], field="workload")
-        engine, clock, rng = llm.engine, llm.engine.clock, np.random.default_rng(self.seed)
-        first_step, start = len(engine.step_records), clock.now()
-        todo, owner, requests = deque(range(len(workload))), {}, {}
-        ready = [(start, user) for user in range(self.users)]      # heap: (when the user asks next, user)
+        engine = llm.engine
+        first_step, start = len(engine.step_records), engine.clock.now()
         with tqdm(total=len(workload), desc=f"closed loop ({self.users} users)", unit="req", disable=not use_tqdm) as bar:
-            while todo or engine.has_unfinished():
-                while todo and ready and ready[0][0] <= clock.now():
-                    when, user = heapq.heappop(ready)
-                    i = todo.popleft()
-                    requests[i] = engine.add_request(ids[i], params[i], arrival_time=when)
-                    owner[requests[i].request_id] = user
-                finished = engine.step()
-                if finished is None:
-                    wake = [t for t in (ready[0][0] if todo and ready else None, engine.scheduler.wake_time()) if t is not None]
-                    if wake:
-                        clock.sleep_until(min(wake))
-                    continue
-                for r in finished:
-                    think = rng.exponential(self.think_s) if self.think_s > 0 else 0.0
-                    heapq.heappush(ready, (r.finish_time + think, owner[r.request_id]))
-                bar.update(len(finished))
+            users = _Users(self, list(zip(ids, params)), start, bar)
+            engine.serve(users)
+        requests = users.requests
         metrics = [RequestMetrics.of(requests[i]) for i in range(len(workload))]
         return RunReport(metrics, engine.step_records[first_step:], llm.config.batch_slots, start_time=start)
+
+
+class _Users(Arrivals):
+    """A closed loop's arrivals: a user asks when ready, and is ready again a think time after the answer."""
+
+    def __init__(self, loop: ClosedLoop, todo: list[tuple], start: float, bar):
+        self.todo, self.bar = deque(enumerate(todo)), bar
+        self.think_s, self.rng = loop.think_s, np.random.default_rng(loop.seed)
+        self.ready = [(start, user) for user in range(loop.users)]   # heap: (when the user asks next, user)
+        self.owner, self.requests = {}, {}                             # request id -> user; index -> Request
+
+    def admit(self, engine) -> bool:
+        while self.todo and self.ready and self.ready[0][0] <= engine.clock.now():
+            when, user = heapq.heappop(self.ready)
+            i, (prompt_ids, params) = self.todo.popleft()
+            self.requests[i] = engine.add_request(prompt_ids, params, arrival_time=when)
+            self.owner[self.requests[i].request_id] = user
+        return bool(self.todo)
+
+    def next_event(self) -> float | None:
+        return self.ready[0][0] if self.todo and self.ready else None
+
+    def after_step(self, finished: list) -> None:
+        for r in finished:
+            think = self.rng.exponential(self.think_s) if self.think_s > 0 else 0.0
+            heapq.heappush(self.ready, (r.finish_time + think, self.owner[r.request_id]))
+        self.bar.update(len(finished))
