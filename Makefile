@@ -41,6 +41,7 @@ test: $(STAMP)
 	echo "make test: all stages passed"
 
 test-unit: $(STAMP)
+	$(BIN)/ruff check minibatch tests scripts
 	$(BIN)/pytest tests --ignore=tests/test_exercises.py
 
 test-notebooks: $(STAMP)

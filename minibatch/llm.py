@@ -78,9 +78,11 @@ class LLM:
             raise ConfigError(f"{field}={prompts!r} is not allowed: pass at least one prompt")
         if sampling_params is None:
             sampling_params = SamplingParams()
-        params = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
+        params = (list(sampling_params) if isinstance(sampling_params, (list, tuple))
+                  else [sampling_params] * len(prompts))
         if len(params) != len(prompts):
-            raise ConfigError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts: give one, or one per prompt")
+            raise ConfigError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts: "
+                              "give one, or one per prompt")
         ids = [self.engine.prompts.encode(p, field=f"{field}[{i}]") for i, p in enumerate(prompts)]
         for i, p in zip(ids, params):
             self.engine.check_request(i, p.for_sample(0))

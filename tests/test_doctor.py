@@ -59,7 +59,8 @@ def test_low_memory_warns_for_chapter_08_and_fails_below_the_course(monkeypatch)
 
 
 def test_small_disk_and_thread_oversubscription_are_reported(tmp_path, monkeypatch):
-    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: Usage(100 * doctor.GIB, 99.5 * doctor.GIB, 0.5 * doctor.GIB))
+    monkeypatch.setattr(doctor.shutil, "disk_usage",
+                        lambda path: Usage(100 * doctor.GIB, 99.5 * doctor.GIB, 0.5 * doctor.GIB))
     assert_problem(doctor.check_disk(str(tmp_path / "not" / "yet")), "fail", "MINIBATCH_CACHE")
     import torch
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4 * (os.cpu_count() or 1))

@@ -82,7 +82,8 @@ def test_min_p_keeps_tokens_within_a_fraction_of_the_top():
 
 def test_top_k_minus_one_means_off_as_in_vllm(tiny):
     sampled = dict(temperature=1.0, seed=5)
-    assert greedy(tiny, [1, 2, 3], top_k=-1, **sampled).token_ids == greedy(tiny, [1, 2, 3], top_k=0, **sampled).token_ids
+    assert (greedy(tiny, [1, 2, 3], top_k=-1, **sampled).token_ids
+            == greedy(tiny, [1, 2, 3], top_k=0, **sampled).token_ids)
 
 
 def test_repetition_penalty_changes_the_greedy_continuation_of_a_repetitive_prompt(tiny):
@@ -119,7 +120,8 @@ def test_logprobs_match_log_softmax_of_the_reference_logits(tiny, tiny_hf):
     prompt = [10, 20, 30, 40]
     out = greedy(tiny, prompt, max_new_tokens=6, logprobs=5).outputs[0]
     with torch.no_grad():
-        reference = hf(torch.tensor([prompt + out.token_ids[:-1]])).logits[0, len(prompt) - 1:].log_softmax(-1)  # (6, V)
+        logits = hf(torch.tensor([prompt + out.token_ids[:-1]])).logits      # (1, T, V)
+        reference = logits[0, len(prompt) - 1:].log_softmax(-1)                # (6, V)
     for position, (token, logprobs) in enumerate(zip(out.token_ids, out.logprobs)):
         top = torch.topk(reference[position], 5)
         assert list(logprobs)[0] == token and set(logprobs) == set(top.indices.tolist()) | {token}

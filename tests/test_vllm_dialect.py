@@ -49,9 +49,10 @@ def test_vllm_bench_bodies_stream_text_then_usage(server, path, make):
     assert events[-1] == "[DONE]"
     usage_chunk = events[-2]
     assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 7
-    expected_prompt = (prompt_tokens(server.url, prompt="The tide comes in and the tide goes out", add_special_tokens=False)
+    tide = "The tide comes in and the tide goes out"
+    expected_prompt = (prompt_tokens(server.url, prompt=tide, add_special_tokens=False)
                        if "messages" not in make("x", 1) else
-                       prompt_tokens(server.url, messages=[{"role": "user", "content": "The tide comes in and the tide goes out"}]))
+                       prompt_tokens(server.url, messages=[{"role": "user", "content": tide}]))
     assert usage_chunk["usage"]["prompt_tokens"] == expected_prompt
     assert usage_chunk["usage"]["total_tokens"] == expected_prompt + 7
     assert all(e["choices"] for e in events[:-2]) and events[-3]["choices"][0]["finish_reason"] == "length"
@@ -101,7 +102,8 @@ def test_each_unimplemented_field_is_refused_beyond_its_neutral_value(server, pa
                                           ({"stream_options": {"include_usage": True}}, "stream_options"),
                                           ({"n": 0}, "n"), ({"beam_width": 2}, "beam_width")])
 def test_rejected_values_name_their_field(server, extra, param):
-    response = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4, **extra})
+    response = httpx.post(server.url + "/v1/completions",
+                          json={"model": "tiny", "prompt": "hi", "max_tokens": 4, **extra})
     assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
     assert param in response.json()["error"]["message"]
 
@@ -115,9 +117,11 @@ def test_chat_top_logprobs_needs_logprobs(server):
 def test_logprobs_over_http_are_the_engines(server):
     body = {"model": "tiny", "prompt": [7, 8, 9], "max_tokens": 4, "temperature": 0, "logprobs": 3, "ignore_eos": True}
     served = httpx.post(server.url + "/v1/completions", json=body).json()["choices"][0]["logprobs"]
-    local = LLM(EngineConfig(**TINY)).generate([[7, 8, 9]], SamplingParams(max_new_tokens=4, logprobs=3, ignore_eos=True),
+    local = LLM(EngineConfig(**TINY)).generate([[7, 8, 9]], SamplingParams(max_new_tokens=4, logprobs=3,
+                                                                            ignore_eos=True),
                                                use_tqdm=False)[0].outputs[0].logprobs
-    assert served["token_logprobs"] == pytest.approx([lp[t] for lp, t in zip(local, [next(iter(d)) for d in local])], abs=1e-5)
+    chosen = [lp[t] for lp, t in zip(local, [next(iter(d)) for d in local])]
+    assert served["token_logprobs"] == pytest.approx(chosen, abs=1e-5)
     assert all(1 <= len(top) <= 4 for top in served["top_logprobs"]) and served["text_offset"][0] == 0   # keyed by text
     chat = httpx.post(server.url + "/v1/chat/completions", json={
         "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": True,
@@ -130,7 +134,8 @@ def test_logprobs_over_http_are_the_engines(server):
 
 
 def test_n_choices_are_indexed_seeded_and_counted(server):
-    body = {"model": "tiny", "prompt": "tides", "max_tokens": 5, "temperature": 1.0, "n": 3, "seed": 11, "ignore_eos": True}
+    body = {"model": "tiny", "prompt": "tides", "max_tokens": 5, "temperature": 1.0, "n": 3, "seed": 11,
+            "ignore_eos": True}
     first = httpx.post(server.url + "/v1/completions", json=body).json()
     again = httpx.post(server.url + "/v1/completions", json=body).json()
     assert [c["index"] for c in first["choices"]] == [0, 1, 2] and first["choices"] == again["choices"]

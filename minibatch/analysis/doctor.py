@@ -129,7 +129,8 @@ def check_torch() -> Check:
     version, blas = torch_build()
     built_for = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
     if torch.cuda.is_available():
-        return Check("torch", "ok", f"torch {version}, {built_for} build, GPU {torch.cuda.get_device_name(0)}, BLAS {blas}")
+        return Check("torch", "ok",
+                     f"torch {version}, {built_for} build, GPU {torch.cuda.get_device_name(0)}, BLAS {blas}")
     detail = f"torch {version}, {built_for} build, no GPU, BLAS {blas}"
     if torch.version.cuda:
         return Check("torch", "warn", detail + " (the CUDA build takes several GB and runs here on the CPU)",

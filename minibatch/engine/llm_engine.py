@@ -61,7 +61,7 @@ class LLMEngine:
         self.kv_cache = KVCache(self.model.num_layers, num_blocks, config.block_size, self.model.num_kv_heads,
                                 self.model.head_dim, self.dtype, parts.kv_device(self.device))
         self.blocks = BlockManager(num_blocks, config.block_size, config.kv_layout, self.max_model_len)
-        self.block_recorder = BlockTableRecorder()                          # each step's block tables, for the KV-block map
+        self.block_recorder = BlockTableRecorder()                   # each step's block tables, for the KV-block map
         self.scheduler = make_scheduler(config, self.blocks)
         self.runner = parts.runner(self.model, self.kv_cache, self.blocks, self.backend, self.device)
         self.clock = clock or parts.clock(config, loaded.config)
@@ -99,7 +99,8 @@ class LLMEngine:
         """The sampling fields this engine serves only in some configurations."""
         if params.n != 1:
             raise ConfigError(f"SamplingParams.n={params.n} is not allowed for one engine request: add the n "
-                              "continuations as requests of their own (SamplingParams.for_sample(i)); LLM.generate and the server do")
+                              "continuations as requests of their own (SamplingParams.for_sample(i)); "
+                              "LLM.generate and the server do")
         if params.priority != 0:
             raise ConfigError(f"SamplingParams.priority={params.priority} is not allowed: this engine schedules "
                               "first come, first served; leave priority at 0")
@@ -111,8 +112,8 @@ class LLMEngine:
                                   ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("logit_bias", None)):
                 if getattr(params, name) not in (neutral, {}):
                     raise ConfigError(f"SamplingParams.{name}={getattr(params, name)!r} is not allowed with "
-                                      f"speculative decoding (EngineConfig.speculative_method={self.config.speculative_method!r}): "
-                                      f"leave it at {neutral!r}")
+                                      "speculative decoding (EngineConfig.speculative_method="
+                                      f"{self.config.speculative_method!r}): leave it at {neutral!r}")
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, arrival_time: float | None = None) -> Request:
         """Queue an already encoded and checked prompt; returns its Request."""
@@ -193,8 +194,8 @@ class LLMEngine:
         return finished
 
     def _describe(self, plan: StepPlan, start: float) -> StepRecord:
-        slots = {self.scheduler.slot_of[s.request.request_id]: (s.request.request_id, "prefill" if s.is_prefill else "decode")
-                 for s in plan.seqs}
+        slots = {self.scheduler.slot_of[s.request.request_id]:
+                 (s.request.request_id, "prefill" if s.is_prefill else "decode") for s in plan.seqs}
         slots.update({slot: (rid, "held") for slot, rid in plan.held_slots.items()})
         return StepRecord(
             step=len(self.step_records), start=start, end=start, batch_size=len(plan.seqs),

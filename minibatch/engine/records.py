@@ -53,8 +53,8 @@ class StepRecord:
     kv_tokens_stored: int = 0        # tokens the running requests hold in the cache (the rest of the blocks is waste)
     slots: dict = field(default_factory=dict)  # slot -> (request id, "prefill" | "decode" | "held")
     phase_times: dict = field(default_factory=dict)  # seconds per phase: schedule, prepare+forward, sample, update
-    spec_outcomes: list = field(default_factory=list)  # speculative decoding: (drafted, accepted) per sequence with drafts
-    block_tables: dict = field(default_factory=dict)  # request id -> KVHolding(tokens, block ids) after scheduling: the KV-block map
+    spec_outcomes: list = field(default_factory=list)  # speculative decoding: (drafted, accepted) per drafting sequence
+    block_tables: dict = field(default_factory=dict)   # request id -> KVHolding(tokens, block ids): the KV-block map
 
     @property
     def duration(self) -> float:

@@ -34,7 +34,7 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # when each output token was produced
-    output_logprobs: list[dict[int, float]] = field(default_factory=list)  # per output token, when params.logprobs is set
+    output_logprobs: list[dict[int, float]] = field(default_factory=list)  # per output token, if params.logprobs
     finish_time: float | None = None
     finish_reason: str | None = None    # "stop" (EOS or stop token), "length" (max_new_tokens), "abort"
     num_preemptions: int = 0

@@ -10,9 +10,10 @@ request's own `torch.Generator`, seeded per request, so a request's sampled outp
 whether it ran alone or beside sixty-three others.
 
 The engine decodes through a *decoder*: `propose(plan)` before the model runs (draft tokens, for
-speculative decoding), `choose(logits, plan)` after it (each sampling sequence's new tokens,
-with log-probabilities where asked), `rewind(plan)` after the update and `release(request_id)` when a request ends. `PlainDecoder` is
-one token per sequence from the `Sampler`; `minibatch.engine.speculative.Speculator` is the other.
+speculative decoding), `choose(logits, plan)` after it (each sampling sequence's new tokens, with
+log-probabilities where asked), `rewind(plan)` after the update and `release(request_id)` when a
+request ends. `PlainDecoder` is one token per sequence from the `Sampler`;
+`minibatch.engine.speculative.Speculator` is the other.
 """
 from __future__ import annotations
 
@@ -107,7 +108,8 @@ class Sampler:
                 tokens[row] = int(torch.multinomial(probs[i], 1, generator=generator))
         out = [SampledToken(t) for t in tokens]
         for row, (raw, top_values, top_ids) in logprobs.items():   # the chosen token first, then the top-N
-            out[row].logprobs = {tokens[row]: float(raw[tokens[row]])} | dict(zip(top_ids.tolist(), top_values.tolist()))
+            top = dict(zip(top_ids.tolist(), top_values.tolist()))
+            out[row].logprobs = {tokens[row]: float(raw[tokens[row]])} | top
         return out
 
     def _logprobs(self, logits: torch.Tensor, params: list[SamplingParams]) -> dict:

@@ -1,4 +1,4 @@
-"""Timers for a step: its phases (`PhaseTimer`), and with `EngineConfig(profile_steps=True)` the parts of its model work.
+"""Timers for a step: its phases (`PhaseTimer`), and its model work's parts when `EngineConfig(profile_steps=True)`.
 
 `PhaseTimer` times the phases of every step (schedule, propose, model, sample, update).
 `StepProfiler.instrument` wraps the runner's input preparation and the model's part methods on

@@ -39,7 +39,8 @@ class PromptEncoder:
                 raise ConfigError(f"{field}=[] is not allowed: a prompt needs at least one token")
             bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
             if bad:
-                raise ConfigError(f"{field} holds token id {bad[0]!r}: token ids are integers in [0, {self.vocab_size})")
+                raise ConfigError(f"{field} holds token id {bad[0]!r}: "
+                                  f"token ids are integers in [0, {self.vocab_size})")
             ids = list(prompt)
         else:
             raise ConfigError(f"{field}={prompt!r} is not allowed: pass a string, a list of token ids or a chat")

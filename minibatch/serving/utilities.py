@@ -90,7 +90,8 @@ def add_utility_routes(app, server) -> None:
         vocab = server.engine.model.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
-            raise APIError(400, f"tokens holds token id {bad[0]}: token ids are integers in [0, {vocab})", param="tokens")
+            raise APIError(400, f"tokens holds token id {bad[0]}: token ids are integers in [0, {vocab})",
+                           param="tokens")
         return {"prompt": tokenizer().decode(body.tokens)}
 
     @app.get("/version")

@@ -117,13 +117,15 @@ def make_workload(num_requests: int, arrival=AllAtOnce(), output_len=Fixed(32), 
     outputs = output_len.sample(rng_out, num_requests)
     chosen = [texts[i] for i in order]
     if prompt_len is not None:
-        stream = tokenizer.encode("\n\n".join(texts[i] for i in rng_prompt.permutation(len(texts))), add_special_tokens=False)
+        shuffled = "\n\n".join(texts[i] for i in rng_prompt.permutation(len(texts)))
+        stream = tokenizer.encode(shuffled, add_special_tokens=False)
         lengths = prompt_len.sample(rng_in, num_requests)
         starts = rng_prompt.integers(0, len(stream), size=num_requests)
         chosen = [[stream[(s + j) % len(stream)] for j in range(n)] for s, n in zip(starts, lengths)]
     elif as_chat:
         chosen = [[{"role": "user", "content": t}] for t in chosen]
-    return [WorkloadRequest(float(t), p, SamplingParams(max_new_tokens=int(n), ignore_eos=ignore_eos, temperature=temperature))
+    return [WorkloadRequest(float(t), p,
+                            SamplingParams(max_new_tokens=int(n), ignore_eos=ignore_eos, temperature=temperature))
             for t, p, n in zip(times, chosen, outputs)]
 
 
@@ -149,7 +151,8 @@ class ClosedLoop:
         _, ids, params = llm._encode_all([w.prompt for w in workload], [w.params for w in workload], field="workload")
         engine = llm.engine
         first_step, start = len(engine.step_records), engine.clock.now()
-        with tqdm(total=len(workload), desc=f"closed loop ({self.users} users)", unit="req", disable=not use_tqdm) as bar:
+        desc = f"closed loop ({self.users} users)"
+        with tqdm(total=len(workload), desc=desc, unit="req", disable=not use_tqdm) as bar:
             users = _Users(self, list(zip(ids, params)), start, bar)
             engine.serve(users)
         requests = users.requests

@@ -30,12 +30,12 @@ def _plan(meta, seq_ids: np.ndarray, block_size: int, group: int, device) -> dic
     ctx = meta.context_lens_np[seq_ids]
     max_q, max_ctx = int(qlens.max()), int(ctx.max())
     t = np.arange(max_q)
-    rows = starts[:, None] + np.minimum(t[None, :], qlens[:, None] - 1)            # (G, max_q) packed row of each padded query
+    rows = starts[:, None] + np.minimum(t[None, :], qlens[:, None] - 1)  # (G, max_q) packed row of each padded query
     q_pos = (ctx - qlens)[:, None] + t[None, :]                                    # (G, max_q) position of each query
     k_pos = np.arange(max_ctx)                                                     # (L,)
     blocks = meta.block_tables_np[seq_ids][:, np.minimum(k_pos // block_size, meta.block_tables_np.shape[1] - 1)]
     slots = blocks * block_size + k_pos % block_size                               # (G, L) flat cache slot of each key
-    visible = k_pos[None, None, :] <= q_pos[:, :, None]                            # (G, max_q, L) causal within the sequence
+    visible = k_pos[None, None, :] <= q_pos[:, :, None]                  # (G, max_q, L) causal within the sequence
     valid_rows = t[None, :] < qlens[:, None]                                       # (G, max_q) padding rows are dropped
     as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)
     return {

@@ -45,8 +45,8 @@ class LlamaModel:
         sd = loaded.state_dict
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()
         self.tied = sd["lm_head.weight"].data_ptr() == sd["model.embed_tokens.weight"].data_ptr()
-        self.embed = put(sd["model.embed_tokens.weight"])                  # (V, C)
-        self.lm_head = Linear(put(sd["lm_head.weight"]))                    # (V, C), tied or not; the embedding stays plain for lookups
+        self.embed = put(sd["model.embed_tokens.weight"])                  # (V, C), stays plain for lookups
+        self.lm_head = Linear(put(sd["lm_head.weight"]))                    # (V, C), tied or not
         self.final_norm = put(sd["model.norm.weight"])                      # (C,)
         self.layers = []
         for i in range(self.num_layers):
