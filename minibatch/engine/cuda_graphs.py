@@ -89,7 +89,6 @@ class CudaGraphRunner:
 
     def _fill(self, seqs, b: int) -> None:
         """Copy the step's inputs into the static buffers; rows len(seqs)..b-1 repeat row 0."""
-        bs = self.blocks.block_size
         ids, pos, slots = (np.empty(b, dtype=np.int64) for _ in range(3))
         tables = np.zeros((b, self.block_tables.shape[1]), dtype=np.int64)
         for i, seq in enumerate(seqs):
@@ -97,7 +96,7 @@ class CudaGraphRunner:
             prompt_len = len(r.prompt_token_ids)
             ids[i] = r.prompt_token_ids[p] if p < prompt_len else r.output_token_ids[p - prompt_len]
             table = self.blocks.block_tables[r.request_id]
-            pos[i], slots[i] = p, table[p // bs] * bs + p % bs
+            pos[i], slots[i] = p, self.blocks.slot(r.request_id, p)
             tables[i, :len(table)] = table
         n = len(seqs)
         for a in (ids, pos, slots, tables):

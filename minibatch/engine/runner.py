@@ -26,7 +26,6 @@ class ModelRunner:
         gets a logits row for its last token and for each draft token: the k + 1 rows verification reads.
         """
         ids, positions, slots, query_lens, context_lens, tables, logits_rows = [], [], [], [], [], [], []
-        bs = self.blocks.block_size
         for seq in plan.seqs:
             r, start, drafts = seq.request, seq.start, seq.draft_token_ids
             n = seq.num_new_tokens + len(drafts)
@@ -35,7 +34,7 @@ class ModelRunner:
             ids.extend(drafts)
             pos = np.arange(start, start + n)
             positions.append(pos)
-            slots.append(np.asarray(table)[pos // bs] * bs + pos % bs)
+            slots.append(self.blocks.slots(r.request_id, pos))
             query_lens.append(n)
             context_lens.append(start + n)
             tables.append(table)

@@ -146,12 +146,11 @@ class ModelProposer:
 
     def _forward(self, request_ids, feeds, starts):
         """Packed forward of each sequence's fed tokens; logits (B, V) of each sequence's last one."""
-        bs = self.blocks.block_size
         lens = [len(f) for f in feeds]
         positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lens)])  # (T,)
         tables = [self.blocks.block_tables[rid] for rid in request_ids]
-        slots = np.concatenate([np.asarray(t)[np.arange(s, s + n) // bs] * bs + np.arange(s, s + n) % bs
-                                for t, s, n in zip(tables, starts, lens)])                # (T,)
+        slots = np.concatenate([self.blocks.slots(rid, np.arange(s, s + n))
+                                for rid, s, n in zip(request_ids, starts, lens)])         # (T,)
         meta = AttentionMetadata.build(lens, [s + n for s, n in zip(starts, lens)], tables, self.device)
         as_tensor = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=self.device)
         ids = as_tensor([t for f in feeds for t in f])

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
     """Blocks needed to hold num_tokens tokens (ceil division)."""
@@ -83,6 +85,11 @@ class BlockManager:
         """Flat cache slot of token `position` of request_id."""
         table = self.block_tables[request_id]
         return table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def slots(self, request_id: int, positions: np.ndarray) -> np.ndarray:
+        """`slot` for an array of positions (the runner's and the draft's slot mapping)."""
+        table = np.asarray(self.block_tables[request_id])
+        return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
     def usage(self) -> dict:
         """Tokens stored, blocks reserved and the internal waste, right now."""
