@@ -2,9 +2,13 @@
 
 A prompt is a string, a list of token ids, or a chat (a list of {"role", "content"} messages,
 rendered with the model's own chat template). A checkpoint without tokenizer files still serves
-token-id prompts, as vLLM's `skip_tokenizer_init` does.
+token-id prompts, as vLLM's `skip_tokenizer_init` does. Output text grows token by token through
+an `OutputDecoder`, which decodes only the newest tokens (tokenizers' `DecodeStream`), never the
+whole output again.
 """
 from __future__ import annotations
+
+from tokenizers.decoders import DecodeStream
 
 from minibatch.config import ConfigError
 
@@ -55,3 +59,41 @@ class PromptEncoder:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def output_decoder(self) -> OutputDecoder:
+        return OutputDecoder(self)
+
+
+class OutputDecoder:
+    """One request's output text as its tokens arrive, in constant work per token.
+
+    A token that ends inside a multi-byte character (an emoji split over byte tokens) yields no text
+    until the character completes; `finish` flushes what such an unfinished tail decodes to (U+FFFD),
+    so the pushed texts, joined, are exactly `decode(all the tokens)`.
+    """
+
+    def __init__(self, prompts: PromptEncoder):
+        self.prompts = prompts
+        self.stream = DecodeStream(skip_special_tokens=True)
+        self.last_ids: list[int] = []    # the tokens of the last text the stream gave: context for a flush
+        self.held_ids: list[int] = []    # tokens pushed since, whose text the stream still holds back
+
+    def push(self, token_ids: list[int]) -> str:
+        """The text the new tokens complete."""
+        if self.prompts.tokenizer is None:
+            return ""
+        backend, pieces = self.prompts.tokenizer.backend_tokenizer, []
+        for token_id in token_ids:
+            piece = self.stream.step(backend, token_id)
+            self.held_ids.append(token_id)
+            if piece is not None:
+                pieces.append(piece)
+                self.last_ids, self.held_ids = self.held_ids, []
+        return "".join(pieces)
+
+    def finish(self) -> str:
+        """The text of the tokens still held back, once no more will come."""
+        if not self.held_ids:
+            return ""
+        context = self.prompts.decode(self.last_ids)
+        return self.prompts.decode(self.last_ids + self.held_ids)[len(context):]

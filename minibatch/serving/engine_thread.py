@@ -49,6 +49,8 @@ class Job:
         self.updates: asyncio.Queue[Update] = updates or asyncio.Queue()
         self.request = None          # the engine's Request, once the engine thread has added it
         self.seen = 0                # output tokens already turned into updates
+        self.decoder = None          # the request's OutputDecoder, made with the request
+        self.decoded = 0             # output tokens already turned into text
         self.logprobs_sent = 0       # output tokens whose log-probabilities went out
 
     def push(self, update: Update) -> None:
@@ -154,6 +156,7 @@ class EngineThread(Arrivals):
 
     def _add(self, job: Job) -> None:
         job.request = self.engine.add_request(job.prompt_ids, job.params, arrival_time=job.arrival)
+        job.decoder = self.engine.prompts.output_decoder()
         self._active[job.request.request_id] = job
 
     def _abort(self, job: Job, error: str | None) -> None:
@@ -171,17 +174,18 @@ class EngineThread(Arrivals):
 
     def _publish(self) -> None:
         """Send every job whose request moved this step its new text; retire finished ones."""
-        decode = self.engine.prompts.decode
         for rid, job in list(self._active.items()):
             request = job.request
             n = len(request.output_token_ids)
             if n == job.seen and not request.is_finished:
                 continue
             job.seen = n
-            ids = request.output_token_ids
-            if request.finish_reason == "stop":   # EOS or a stop token: its text is not part of the output
-                ids = ids[:-1]
-            delta, stopped = job.text.update(decode(ids), request.is_finished)
+            text_end = n - 1 if request.finish_reason == "stop" else n   # EOS or a stop token: not in the text
+            new_text = job.decoder.push(request.output_token_ids[job.decoded:text_end])
+            job.decoded = text_end
+            if request.is_finished:
+                new_text += job.decoder.finish()
+            delta, stopped = job.text.update(new_text, request.is_finished)
             if stopped and not request.is_finished:
                 self._end_early(request, "stop")   # a stop string: end it now, its blocks go back
             if request.is_finished:
