@@ -12,3 +12,4 @@ from minibatch.viz.serving import latency_vs_load, metrics_over_time
 from minibatch.viz.kv_map import block_owners, block_table_figure, kv_block_map, kv_usage, peak_step, step_usage
 from minibatch.viz.phases import budget_tradeoff, decode_token_waits, step_durations, step_time_vs_tokens, step_tokens
 from minibatch.viz.bench import balance_figure, bench_figure
+from minibatch.viz.queueing import load_sweep_figure

@@ -7,3 +7,4 @@ from minibatch.widgets.tuner import TunerPanel
 from minibatch.widgets.kv_map import BlockTableExplorer, KVMapScrubber
 from minibatch.widgets.chunking import ChunkingPanel
 from minibatch.widgets.playground import PlaygroundPanel
+from minibatch.widgets.load_sweep import LoadSweepPanel
