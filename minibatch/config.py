@@ -17,6 +17,7 @@ KV_LAYOUTS = ("paged", "contiguous")
 ATTENTION_BACKENDS = ("torch", "numba", "numba-cuda")
 CLOCKS = ("real", "simulated")
 SPECULATIVE_METHODS = (None, "ngram", "draft", "layer_skip")
+SCHEDULING_POLICIES = ("fcfs", "priority", "shortest_prompt")
 
 
 class ConfigError(ValueError):
@@ -71,6 +72,10 @@ class EngineConfig:
     speculative_layers: int | None = None  # method "layer_skip": layers the draft runs before the LM head; None takes half
     ngram_prompt_lookup_max: int = 4     # method "ngram": the longest suffix n-gram looked up in the prompt and output
     ngram_prompt_lookup_min: int = 1     # method "ngram": the shortest one tried before giving up
+    scheduling_policy: str = "fcfs"      # who waits least: "fcfs" (arrival order), "priority" (SamplingParams.priority,
+                                         # lower first, may preempt), "shortest_prompt" (fewest tokens to prefill, aged)
+    aging_tokens_per_s: float = 100.0    # "shortest_prompt": each second waited counts as this many prompt tokens fewer; 0 ages nothing
+    long_prefill_token_threshold: int = 0  # most prompt tokens one request prefills in a step; 0: no cap but the budget (vLLM)
 
     @property
     def batch_slots(self) -> int:
@@ -102,7 +107,20 @@ class EngineConfig:
         if not isinstance(self.sim_skip_model, bool) or (self.sim_skip_model and self.clock != "simulated"):
             _fail(owner, "sim_skip_model", self.sim_skip_model, "False, or True together with clock='simulated'")
         _check_int(owner, "seed", self.seed, 0)
+        self._check_policy(owner)
         self._check_speed_options(owner)
+
+    def _check_policy(self, owner: str):
+        """The scheduling policy, its aging rate and the per-request prefill cap."""
+        _check_choice(owner, "scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        if self.scheduling_policy != "fcfs" and self.scheduler == "static":
+            _fail(owner, "scheduling_policy", self.scheduling_policy,
+                  "'fcfs' with scheduler='static' (a static batch never admits or preempts mid-way); "
+                  "other policies run with scheduler 'continuous' or 'edge'")
+        _check_number(owner, "aging_tokens_per_s", self.aging_tokens_per_s, 0.0)
+        if self.aging_tokens_per_s == float("inf"):
+            _fail(owner, "aging_tokens_per_s", self.aging_tokens_per_s, "a finite number >= 0")
+        _check_int(owner, "long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
 
     def _check_speed_options(self, owner: str):
         """Profiling, CUDA graphs and speculative decoding: types, ranges and combinations."""
@@ -156,7 +174,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # extra token ids that end the request
     ignore_eos: bool = False             # keep generating past the end-of-sequence token (for benchmarks)
     logprobs: int | None = None          # return each chosen token's log-probability and the top-N (raw model distribution)
-    priority: int = 0                    # lower is served earlier, with priority scheduling; else it must stay 0
+    priority: int = 0                    # lower is served earlier with scheduling_policy="priority"; else it must stay 0 (vLLM)
 
     def __post_init__(self):
         owner = "SamplingParams"

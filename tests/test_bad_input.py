@@ -66,6 +66,14 @@ def test_bad_sampling_params(kwargs, words):
     ({"kv_layout": "ring"}, ["kv_layout='ring'"]),
     ({"block_size": 0}, ["block_size=0"]),
     ({"device": "tpu"}, ["device='tpu'"]),
+    ({"scheduling_policy": "lifo"}, ["scheduling_policy='lifo'", "'fcfs', 'priority', 'shortest_prompt'"]),
+    ({"scheduling_policy": "priority", "scheduler": "static"},
+     ["scheduling_policy='priority'", "'fcfs' with scheduler='static'"]),
+    ({"aging_tokens_per_s": -1}, ["aging_tokens_per_s=-1", ">= 0"]),
+    ({"aging_tokens_per_s": float("inf")}, ["aging_tokens_per_s=inf", "finite"]),
+    ({"aging_tokens_per_s": "fast"}, ["aging_tokens_per_s='fast'"]),
+    ({"long_prefill_token_threshold": -4}, ["long_prefill_token_threshold=-4", ">= 0"]),
+    ({"long_prefill_token_threshold": 2.5}, ["long_prefill_token_threshold=2.5", "an integer"]),
 ])
 def test_bad_engine_config(kwargs, words):
     with pytest.raises(ConfigError) as err:
@@ -85,6 +93,14 @@ def test_request_that_never_fits_the_pool(llm):
     with pytest.raises(ConfigError) as err:
         llm.generate([[1] * 100], SamplingParams(max_new_tokens=100), use_tqdm=False)
     assert "num_kv_blocks=8" in str(err.value) and "can never fit" in str(err.value)
+    still_serves(llm)
+
+
+def test_priority_needs_the_priority_policy(llm):
+    with pytest.raises(ConfigError) as err:
+        llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3, priority=-1), use_tqdm=False)
+    for word in ["SamplingParams.priority=-1", "scheduling_policy='fcfs'", "scheduling_policy='priority'"]:
+        assert word in str(err.value)
     still_serves(llm)
 
 

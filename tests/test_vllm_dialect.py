@@ -166,3 +166,17 @@ def test_tokenize_detokenize_version(server):
     assert httpx.post(server.url + "/detokenize", json={"tokens": [10 ** 9]}).json()["error"]["param"] == "tokens"
     assert httpx.post(server.url + "/tokenize", json={"prompt": "x", "model": "gpt-4"}).status_code == 404
     assert isinstance(httpx.get(server.url + "/version").json()["version"], str)
+
+
+def test_priority_in_the_body_reaches_the_engine():
+    """vLLM's `priority` extra: with scheduling_policy="priority" each request carries it into the engine."""
+    with ServerThread(EngineConfig(**TINY, scheduling_policy="priority")) as running:
+        seen, add = [], running.engine.add_request
+        running.engine.add_request = lambda ids, params, **kw: seen.append(params.priority) or add(ids, params, **kw)
+        done = httpx.post(running.url + "/v1/completions",
+                          json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "priority": -3}, timeout=60)
+        chat = httpx.post(running.url + "/v1/chat/completions", timeout=60,
+                          json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                "priority": 5})
+        assert done.status_code == 200 and chat.status_code == 200, (done.text, chat.text)
+    assert seen == [-3, 5]

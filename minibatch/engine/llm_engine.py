@@ -101,9 +101,10 @@ class LLMEngine:
             raise ConfigError(f"SamplingParams.n={params.n} is not allowed for one engine request: add the n "
                               "continuations as requests of their own (SamplingParams.for_sample(i)); "
                               "LLM.generate and the server do")
-        if params.priority != 0:
-            raise ConfigError(f"SamplingParams.priority={params.priority} is not allowed: this engine schedules "
-                              "first come, first served; leave priority at 0")
+        if params.priority != 0 and self.config.scheduling_policy != "priority":
+            raise ConfigError(f"SamplingParams.priority={params.priority} is not allowed with EngineConfig."
+                              f"scheduling_policy={self.config.scheduling_policy!r}: leave it at 0, or set "
+                              "scheduling_policy='priority'")
         if any(t >= self.model.vocab_size for t in params.logit_bias or {}):
             raise ConfigError(f"SamplingParams.logit_bias={params.logit_bias!r} is not allowed: token ids are in "
                               f"[0, {self.model.vocab_size})")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from minibatch.config import EngineConfig
 from minibatch.engine.kv import BlockManager
 from minibatch.engine.request import Request, RequestStatus
+from minibatch.engine.schedulers.policies import make_policy
 
 
 @dataclass
@@ -58,6 +59,8 @@ class Scheduler:
         self.batch_timeout_s = config.batch_timeout_s
         self.max_tokens_per_step = config.max_tokens_per_step
         self.num_speculative_tokens = config.num_speculative_tokens if config.speculative_method else 0
+        self.prefill_cap = config.long_prefill_token_threshold   # most tokens one request computes per step; 0: no cap
+        self.policy = make_policy(config)                        # who is admitted first and who gives way
         self.blocks = block_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -79,6 +82,13 @@ class Scheduler:
     def wake_time(self) -> float | None:
         """When an idle scheduler with waiting requests will start a batch, if nothing else arrives."""
         return self.waiting[0].arrival_time + self.batch_timeout_s if self.waiting else None
+
+    def tokens_to_compute(self, request: Request, budget: int) -> int:
+        """This step's share of the tokens a request still has to compute: within the step's budget and,
+        when `long_prefill_token_threshold` is set, within that cap (vLLM's rule: one long prompt
+        cannot take the whole budget)."""
+        todo = min(request.num_tokens - request.num_computed_tokens, budget)
+        return min(todo, self.prefill_cap) if self.prefill_cap else todo
 
     def _take_slot(self, request: Request) -> None:
         self._free_slots.sort()

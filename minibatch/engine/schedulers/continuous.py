@@ -6,6 +6,11 @@ slot, token budget and KV room. Prompts longer than the budget are prefilled in 
 running request needs a block and none is free, the newest running request is preempted: its
 blocks are freed and it waits again at the head of the queue, to recompute what it had.
 An idle engine honours the batching timeout before it starts; a busy one admits at once.
+
+The scheduling policy (`policies.py`) decides the orders: which waiting request is admitted next,
+which running one gets the budget first and which gives way; under "priority" a waiting request
+that cannot fit first preempts the running ones that rank below it. With the default "fcfs" every
+order is the arrival order described above.
 """
 from __future__ import annotations
 
@@ -24,14 +29,31 @@ class ContinuousScheduler(Scheduler):
         self.waiting.appendleft(request)
         plan.preempted.append(request)
 
-    def _serve_running(self, plan: StepPlan, budget: int) -> int:
-        for request in list(self.running):
+    def _make_room_for_waiting(self, plan: StepPlan, now: float) -> None:
+        """Forced preemption ("priority"): the best waiting requests that cannot fit take the slots and
+        blocks of running requests ranked below them (vLLM's victim: lowest priority, latest arrival)."""
+        slots, blocks = self.max_batch_size - len(self.running), self.blocks.num_free_blocks
+        for request in self.policy.by_rank(self.waiting, now):
+            first_chunk = self.tokens_to_compute(request, self.max_tokens_per_step)
+            need = self.blocks.blocks_needed(request.request_id, first_chunk)
+            while (slots < 1 or blocks < need) and self.running:
+                victim = self.policy.victim(self.running, now)
+                if self.policy.rank(victim, now) <= self.policy.rank(request, now):
+                    return                                 # nobody ranked below it is running
+                slots, blocks = slots + 1, blocks + len(self.blocks.block_tables.get(victim.request_id, ()))
+                self._preempt(victim, plan)
+            if slots < 1 or blocks < need:
+                return
+            slots, blocks = slots - 1, blocks - need
+
+    def _serve_running(self, plan: StepPlan, budget: int, now: float) -> int:
+        for request in self.policy.by_rank(self.running, now):
             if request not in self.running or budget == 0:
                 continue
-            todo = min(request.num_tokens - request.num_computed_tokens, budget)
+            todo = self.tokens_to_compute(request, budget)
             target = request.num_computed_tokens + todo
             while not self.blocks.can_allocate(request.request_id, target) and request in self.running:
-                self._preempt(self.running[-1], plan)
+                self._preempt(self.policy.victim(self.running, now), plan)
             if request in self.running:
                 lookahead = self.lookahead(request, budget)         # 0 unless speculating; never preempts for it
                 if not self.blocks.can_allocate(request.request_id, target + lookahead):
@@ -45,19 +67,23 @@ class ContinuousScheduler(Scheduler):
         if not self.running and self.waiting and not self.batch_ready(now):
             return
         while self.waiting and len(self.running) < self.max_batch_size and budget > 0:
-            request = self.waiting[0]
-            todo = min(request.num_tokens - request.num_computed_tokens, budget)
+            request = self.policy.next_waiting(self.waiting, now)
+            todo = self.tokens_to_compute(request, budget)
             if not self.blocks.can_allocate(request.request_id, todo):
                 break
-            self._admit(self.waiting.popleft())
+            self.waiting.remove(request)
+            self._admit(request)
             self.blocks.allocate(request.request_id, todo)
             plan.seqs.append(ScheduledSeq(request, todo))
             budget -= todo
 
     def schedule(self, now: float) -> StepPlan:
         plan = StepPlan()
-        budget = self._serve_running(plan, self.max_tokens_per_step)
-        if not plan.preempted:                   # memory is short: let the preempted wait a step
+        if self.policy.forces_preemption:
+            self._make_room_for_waiting(plan, now)
+        forced = len(plan.preempted)
+        budget = self._serve_running(plan, self.max_tokens_per_step, now)
+        if len(plan.preempted) == forced:        # memory is short: let the preempted wait a step
             self._admit_waiting(plan, budget, now)
         return plan
 

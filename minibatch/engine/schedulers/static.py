@@ -31,7 +31,7 @@ class StaticScheduler(Scheduler):
         self._form_batch(now)
         plan, budget = StepPlan(), self.max_tokens_per_step
         for request in self.running:
-            todo = min(request.num_tokens - request.num_computed_tokens, budget)
+            todo = self.tokens_to_compute(request, budget)
             if request.is_finished or todo == 0:
                 plan.held_slots[self.slot_of[request.request_id]] = request.request_id
                 continue
