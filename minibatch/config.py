@@ -58,6 +58,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None     # KV blocks in the pool; None derives it from kv_cache_memory_bytes
     kv_cache_memory_bytes: int = 1 << 30  # memory budget for the KV cache when num_kv_blocks is None (1 GiB)
     kv_layout: str = "paged"             # "paged" allocates blocks as tokens arrive; "contiguous" reserves max_model_len up front
+    enable_prefix_caching: bool = False  # share the KV blocks of a prompt prefix already computed (a system prompt), and keep them after use
     max_model_len: int | None = None     # longest prompt + output; None takes the model's context, capped at 4096
     attention_backend: str = "torch"     # "torch" (reference), "numba" (CPU kernels), "numba-cuda" (GPU kernels)
     clock: str = "real"                  # "real" wall-clock time; "simulated" time from a cost model
@@ -98,6 +99,11 @@ class EngineConfig:
             _check_int(owner, "num_kv_blocks", self.num_kv_blocks, 1)
         _check_int(owner, "kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
         _check_choice(owner, "kv_layout", self.kv_layout, KV_LAYOUTS)
+        if not isinstance(self.enable_prefix_caching, bool):
+            _fail(owner, "enable_prefix_caching", self.enable_prefix_caching, "True or False")
+        if self.enable_prefix_caching and self.kv_layout != "paged":
+            _fail(owner, "enable_prefix_caching", True, f"False with kv_layout={self.kv_layout!r}: shared blocks need "
+                  "the paged layout (a contiguous reservation belongs to one request); use kv_layout='paged'")
         if self.max_model_len is not None:
             _check_int(owner, "max_model_len", self.max_model_len, 2)
         _check_choice(owner, "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
@@ -141,6 +147,9 @@ class EngineConfig:
         if self.speculative_method and self.scheduler == "static":
             _fail(owner, "speculative_method", self.speculative_method,
                   "None with scheduler='static'; speculative decoding runs with scheduler 'continuous' or 'edge'")
+        if self.enable_prefix_caching and self.speculative_method == "draft":
+            _fail(owner, "enable_prefix_caching", True, "False with speculative_method='draft': the draft model's "
+                  "own KV tensors are not shared; use speculative_method 'ngram' or 'layer_skip', or no prefix caching")
         if self.sim_skip_model and (self.speculative_method or self.profile_steps or self.cuda_graphs):
             _fail(owner, "sim_skip_model", True, "False with speculative decoding, profile_steps or cuda_graphs: they need the real model")
 

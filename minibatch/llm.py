@@ -55,6 +55,7 @@ class RequestOutput:
     finish_reason: str
     metrics: RequestMetrics
     outputs: list[CompletionOutput]
+    num_cached_tokens: int = 0     # prompt tokens served from the prefix cache (vLLM's name)
 
 
 class LLM:
@@ -69,6 +70,10 @@ class LLM:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (enable_prefix_caching), so the next run starts cold (vLLM's name)."""
+        self.engine.blocks.reset_prefix_cache()
 
     def _encode_all(self, prompts, sampling_params, field="prompts"):
         if isinstance(prompts, str) or is_chat(prompts) or (
@@ -94,7 +99,7 @@ class LLM:
                    for i, r in enumerate(samples)]
         first = samples[0]
         return RequestOutput(first.request_id, prompt, first.prompt_token_ids, outputs[0].token_ids, outputs[0].text,
-                             outputs[0].finish_reason, RequestMetrics.of(first), outputs)
+                             outputs[0].finish_reason, RequestMetrics.of(first), outputs, first.num_cached_tokens)
 
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Serve every prompt, all arriving now; outputs come back in prompt order, each with its n continuations."""

@@ -64,6 +64,11 @@ class RunReport:
         s["mean_batch_size"] = float(np.mean([st.batch_size for st in self.steps])) if self.steps else 0.0
         s["slot_utilisation"] = s["mean_batch_size"] / self.max_batch_size
         s["preemptions"] = sum(r.num_preemptions for r in done)
+        queries = sum(st.prefix_cache_queries for st in self.steps)
+        hits = sum(st.prefix_cache_hits for st in self.steps)
+        s.update(prefix_cache_queries=queries, prefix_cache_hits=hits,
+                 prefix_cache_hit_rate=hits / queries if queries else 0.0,
+                 cached_tokens=sum(r.num_cached_tokens for r in done))
         s.update(speculation_summary(self.steps))
         return s
 

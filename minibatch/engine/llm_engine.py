@@ -60,7 +60,8 @@ class LLMEngine:
                                  self.max_model_len, config.batch_slots)
         self.kv_cache = KVCache(self.model.num_layers, num_blocks, config.block_size, self.model.num_kv_heads,
                                 self.model.head_dim, self.dtype, parts.kv_device(self.device))
-        self.blocks = BlockManager(num_blocks, config.block_size, config.kv_layout, self.max_model_len)
+        self.blocks = BlockManager(num_blocks, config.block_size, config.kv_layout, self.max_model_len,
+                                   config.enable_prefix_caching)
         self.block_recorder = BlockTableRecorder()                   # each step's block tables, for the KV-block map
         self.scheduler = make_scheduler(config, self.blocks)
         self.runner = parts.runner(self.model, self.kv_cache, self.blocks, self.backend, self.device)
@@ -143,6 +144,16 @@ class LLMEngine:
         """The share of KV blocks in use, 0 to 1 (vLLM's kv_cache_usage_perc)."""
         return self.blocks.num_used_blocks / self.blocks.num_blocks
 
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Tokens looked up in the prefix cache at admission, over the engine's life (vLLM's name; 0 when off)."""
+        return self.blocks.prefix_cache.queries if self.blocks.prefix_cache else 0
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Of those, tokens found cached and not computed again (vLLM's name)."""
+        return self.blocks.prefix_cache.hits if self.blocks.prefix_cache else 0
+
     def next_wake_time(self, *others: float | None) -> float | None:
         """The earliest of the scheduler's batching deadline and `others` (None where there is none)."""
         return min((t for t in (self.scheduler.wake_time(), *others) if t is not None), default=None)
@@ -175,10 +186,13 @@ class LLMEngine:
         """One step; returns the requests that finished in it, or None if nothing could run."""
         timer, start = PhaseTimer(self.profiler), self.clock.now()
         with timer("schedule"):
+            queries, hits = self.prefix_cache_queries, self.prefix_cache_hits
             plan = self.scheduler.schedule(start)
             if not plan.seqs:
                 return None
             record = self._describe(plan, start)
+            record.prefix_cache_queries = self.prefix_cache_queries - queries
+            record.prefix_cache_hits = self.prefix_cache_hits - hits
         with timer("propose", counted=self.decoder.drafts):
             self.decoder.propose(plan)                                   # draft tokens, when speculating
         with timer("model"):
@@ -203,9 +217,10 @@ class LLMEngine:
             num_prefill_tokens=sum(s.num_new_tokens for s in plan.seqs if s.is_prefill),
             num_decode_tokens=sum(1 for s in plan.seqs if not s.is_prefill),
             queue_depth=len(self.scheduler.waiting), kv_blocks_used=self.blocks.num_used_blocks,
-            kv_blocks_total=self.blocks.num_blocks, kv_tokens_stored=sum(self.blocks.tokens_stored.values()),
+            kv_blocks_total=self.blocks.num_blocks, kv_tokens_stored=self.blocks.num_tokens_stored,
             idle_slots=self.config.batch_slots - len(plan.seqs),
-            num_preempted=len(plan.preempted), slots=slots, block_tables=self.block_recorder.snapshot(self.blocks))
+            num_preempted=len(plan.preempted), slots=slots, block_tables=self.block_recorder.snapshot(self.blocks),
+            cached_blocks=self.block_recorder.cached(self.blocks))
 
     def _update(self, plan: StepPlan, outputs: list[list[int]], logprobs: list, start: float,
                 now: float) -> list[Request]:
@@ -230,7 +245,13 @@ class LLMEngine:
                     finished.append(request)
                     break
         self.decoder.rewind(plan)                                        # release the rejected drafts' slots
+        for seq in plan.seqs:                                            # blocks that filled are cached (if on)
+            if not seq.request.is_finished:
+                self._cache_full_blocks(seq.request)
         return finished
+
+    def _cache_full_blocks(self, request: Request) -> None:
+        self.blocks.cache_full_blocks(request.request_id, request.all_token_ids, request.num_computed_tokens)
 
     def _stop_reason(self, request: Request, token: int) -> str | None:
         p = request.params
@@ -242,5 +263,6 @@ class LLMEngine:
 
     def _finish(self, request: Request, reason: str, now: float) -> None:
         request.finish(reason, now)
+        self._cache_full_blocks(request)                                 # before its blocks are let go
         self.scheduler.finish(request)
         self.decoder.release(request.request_id)

@@ -27,6 +27,7 @@ class RequestMetrics:
     num_output_tokens: int
     num_preemptions: int
     finish_reason: str | None
+    num_cached_tokens: int = 0   # prompt tokens found in the prefix cache, not computed (vLLM's name)
 
     @classmethod
     def of(cls, r: Request) -> "RequestMetrics":
@@ -34,7 +35,8 @@ class RequestMetrics:
         n = len(r.output_token_ids)
         tpot = (r.token_times[-1] - r.token_times[0]) / (n - 1) if n > 1 else None
         return cls(r.request_id, r.arrival_time, since(r.first_scheduled_time), since(r.first_token_time), tpot,
-                   since(r.finish_time), len(r.prompt_token_ids), n, r.num_preemptions, r.finish_reason)
+                   since(r.finish_time), len(r.prompt_token_ids), n, r.num_preemptions, r.finish_reason,
+                   r.num_cached_tokens)
 
 
 @dataclass
@@ -55,6 +57,9 @@ class StepRecord:
     phase_times: dict = field(default_factory=dict)  # seconds per phase: schedule, prepare+forward, sample, update
     spec_outcomes: list = field(default_factory=list)  # speculative decoding: (drafted, accepted) per drafting sequence
     block_tables: dict = field(default_factory=dict)   # request id -> KVHolding(tokens, block ids): the KV-block map
+    cached_blocks: frozenset = frozenset()   # prefix caching: blocks nobody holds whose K/V are kept for reuse
+    prefix_cache_queries: int = 0    # prefix caching: tokens looked up by the requests admitted this step
+    prefix_cache_hits: int = 0       # ... and of those, tokens found in the cache (not computed)
 
     @property
     def duration(self) -> float:
@@ -77,6 +82,7 @@ class BlockTableRecorder:
 
     def __init__(self):
         self._last: dict[int, KVHolding] = {}
+        self._last_cached: frozenset = frozenset()
 
     def snapshot(self, blocks: BlockManager) -> dict[int, KVHolding]:
         now = {}
@@ -86,3 +92,9 @@ class BlockTableRecorder:
             now[request_id] = previous if previous == held else held
         self._last = now
         return now
+
+    def cached(self, blocks: BlockManager) -> frozenset:
+        """The evictable cached blocks now (prefix caching), the same object while they do not change."""
+        if blocks.prefix_cache is not None and self._last_cached != blocks.prefix_cache.evictable.keys():
+            self._last_cached = frozenset(blocks.prefix_cache.evictable)
+        return self._last_cached

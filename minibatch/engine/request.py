@@ -31,6 +31,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0        # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0          # tokens found in the prefix cache at first admission (vLLM)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # when each output token was produced

@@ -7,7 +7,8 @@ in one process never mix their numbers, and subscribes to the engine's step obse
 - gauges read the engine's state when scraped: requests running and waiting, KV-cache usage
   (a fraction, 0 to 1, as vLLM's `kv_cache_usage_perc`);
 - counters and histograms are updated after every step: prompt and generated tokens, tokens per
-  step, preemptions, and, per request, TTFT, time per output token, queue time and e2e latency.
+  step, preemptions, prefix-cache queries and hits (in tokens, as vLLM), and, per request, TTFT,
+  time per output token, queue time and e2e latency.
 
 Made after the engine has already served requests, it first replays the steps recorded so far,
 so its counts are the engine's whole history. `exposition(engine)` returns the text a `/metrics`
@@ -76,6 +77,9 @@ class EngineMetrics:
         gauge("num_requests_waiting", "Number of requests waiting to be processed.", lambda: engine.num_waiting)
         gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", lambda: engine.kv_usage)
         self.preemptions = counter("num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prefix_cache_queries = counter("prefix_cache_queries",
+                                            "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_cache_hits = counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
         self.success = Counter(PREFIX + "request_success", "Count of successfully processed requests.",
@@ -108,6 +112,8 @@ class EngineMetrics:
         in_step = [self.engine.requests[rid] for rid, phase in record.slots.values() if phase != "held"]
         produced = {r.request_id: tokens_of_step(r, record.end) for r in in_step}
         self.preemptions.inc(record.num_preempted)
+        self.prefix_cache_queries.inc(record.prefix_cache_queries)
+        self.prefix_cache_hits.inc(record.prefix_cache_hits)
         self.prompt_tokens.inc(record.num_prefill_tokens)
         self.generation_tokens.inc(sum(len(p) for p in produced.values()))
         self.iteration_tokens.observe(record.num_prefill_tokens + record.num_decode_tokens)

@@ -9,7 +9,8 @@ from minibatch.viz.load import load_over_time, step_series
 from minibatch.viz.profile import per_token_profile, step_profile
 from minibatch.viz.edge import edge_vs_server, request_lanes, speculation_speedups, speedup_vs_batch
 from minibatch.viz.serving import latency_vs_load, metrics_over_time
-from minibatch.viz.kv_map import block_owners, block_table_figure, kv_block_map, kv_usage, peak_step, step_usage
+from minibatch.viz.kv_map import (block_owners, block_table_figure, kv_block_map, kv_usage, peak_step,
+                                  shared_blocks, step_usage)
 from minibatch.viz.phases import budget_tradeoff, decode_token_waits, step_durations, step_time_vs_tokens, step_tokens
 from minibatch.viz.bench import balance_figure, bench_figure
 from minibatch.viz.queueing import load_sweep_figure

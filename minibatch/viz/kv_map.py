@@ -4,9 +4,10 @@ The cache is drawn as a grid of blocks, block 0 at the top left, `columns` block
 block is a strip of `block_size` token slots: a slot holding a token has its owner's colour
 (nine strong hues, in turn), a slot its owner reserved but has not filled is a pale shade of that
 colour (the waste: the tail of a last block, or a whole contiguous reservation), and a free block
-is white. Everything is read from `StepRecord.block_tables`
-(request id -> `KVHolding(tokens, blocks)`), so any recorded run, measured or simulated, can be
-drawn at any step. `kv_usage` draws the same records over the whole run; `block_table_figure`
+is white. With prefix caching, a block in several tables (a shared prefix) carries a black dot, and
+a cached block nobody holds (kept for reuse, evictable) is grey. Everything is read from
+`StepRecord.block_tables` (request id -> `KVHolding(tokens, blocks)`) and `StepRecord.cached_blocks`,
+so any recorded run, measured or simulated, can be drawn at any step. `kv_usage` draws the same records over the whole run; `block_table_figure`
 draws how one sequence's logical positions land in physical blocks.
 """
 from __future__ import annotations
@@ -18,6 +19,8 @@ import numpy as np
 from matplotlib.patches import Patch
 
 FREE_COLOUR = (1.0, 1.0, 1.0, 1.0)      # a free block: white, inside the grey block borders
+CACHED_COLOUR = (0.8, 0.8, 0.8, 1.0)    # a cached block nobody holds (prefix caching): grey, kept for reuse
+CACHED = -2                             # block_owners' owner of such a block (free is -1)
 RESERVED_ALPHA = 0.3                    # how pale a reserved but empty slot is
 OWNER_COLOURS = [plt.get_cmap("tab10")(i) for i in range(10) if i != 7]   # tab10 less its grey, too close to pale shades
 
@@ -28,14 +31,24 @@ def owner_colour(request_id: int):
 
 
 def block_owners(step, num_blocks: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(owner, filled): per block, the request id holding it (-1: free) and how many tokens it holds."""
+    """(owner, filled): per block, the request id holding it (-1: free, CACHED: cached and held by nobody)
+    and how many tokens it holds (a shared block: its last holder's)."""
     owner = np.full(num_blocks, -1, dtype=np.int64)
     filled = np.zeros(num_blocks, dtype=np.int64)
+    cached = list(step.cached_blocks)
+    owner[cached], filled[cached] = CACHED, block_size
     for request_id, (tokens, blocks) in step.block_tables.items():
         for index, block in enumerate(blocks):
             owner[block] = request_id
             filled[block] = min(block_size, max(0, tokens - index * block_size))  # tokens in this block
     return owner, filled
+
+
+def shared_blocks(step) -> list[int]:
+    """Blocks held by more than one request at this step (a prefix they share), in block order."""
+    held = np.asarray([b for _, blocks in step.block_tables.values() for b in blocks], dtype=np.int64)
+    counts = np.bincount(held, minlength=1)
+    return np.flatnonzero(counts > 1).tolist()
 
 
 def peak_step(report) -> int:
@@ -79,7 +92,7 @@ def kv_block_map(report, block_size: int, step: int | None = None, columns: int 
         r, c = divmod(block, columns)
         strip = image[r, c * block_size:(c + 1) * block_size]           # (block_size, 4)
         if owner[block] < 0:
-            strip[:] = FREE_COLOUR
+            strip[:] = CACHED_COLOUR if owner[block] == CACHED else FREE_COLOUR
             continue
         colour = np.array(owner_colour(int(owner[block])))
         strip[:] = 1 - RESERVED_ALPHA * (1 - colour)                    # pale: reserved, no token yet
@@ -94,12 +107,20 @@ def kv_block_map(report, block_size: int, step: int | None = None, columns: int 
     ax.set_xticks([])
     ax.set_yticks(np.arange(rows) + 0.5, [str(r * columns) for r in range(rows)], fontsize=7)
     ax.set_ylabel("first block of the row")
+    shared = shared_blocks(record)
+    if shared:
+        rows_of, columns_of = np.divmod(np.array(shared), columns)
+        ax.scatter(columns_of + 0.5, rows_of + 0.5, s=14, color="black", zorder=3)
     usage = step_usage(record, block_size)
+    sharing = f"; {len(shared)} shared, {len(record.cached_blocks)} cached" if shared or record.cached_blocks else ""
     ax.set_title(title or f"step {index % len(report.steps)}: {usage['seqs']} sequences hold {usage['blocks_used']} of "
-                          f"{num_blocks} blocks; {usage['waste_fraction']:.0%} of their slots empty")
+                          f"{num_blocks} blocks; {usage['waste_fraction']:.0%} of their slots empty{sharing}")
     legend = [Patch(facecolor="tab:blue", label="token stored"),
               Patch(facecolor="tab:blue", alpha=RESERVED_ALPHA, label="reserved, empty"),
               Patch(facecolor=FREE_COLOUR, edgecolor="#bbbbbb", label="free block")]
+    if sharing:
+        legend += [Patch(facecolor=CACHED_COLOUR, label="cached, nobody holds it"),
+                   plt.Line2D([], [], marker="o", color="black", linestyle="", markersize=4, label="shared block")]
     ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     return ax.figure
 

@@ -10,7 +10,7 @@ import ipywidgets as widgets
 import numpy as np
 from matplotlib.figure import Figure
 
-from minibatch.viz.kv_map import block_table_figure, grid_shape, kv_block_map, peak_step, step_usage
+from minibatch.viz.kv_map import block_table_figure, grid_shape, kv_block_map, peak_step, shared_blocks, step_usage
 from minibatch.widgets.panel_tools import figure_png
 
 
@@ -20,7 +20,9 @@ def describe_kv_step(report, index: int, block_size: int) -> str:
     usage = step_usage(step, block_size)
     return (f"step {index}: {usage['seqs']} sequences hold {usage['blocks_used']} of {usage['blocks_total']} blocks "
             f"({usage['tokens_stored']} tokens in {usage['tokens_reserved']} slots: {usage['waste_fraction']:.0%} "
-            f"empty); {step.batch_size} computing, {step.queue_depth} waiting, {step.num_preempted} preempted")
+            f"empty); {step.batch_size} computing, {step.queue_depth} waiting, {step.num_preempted} preempted"
+            + (f"; {len(shared_blocks(step))} blocks shared, {len(step.cached_blocks)} cached for reuse"
+               if step.cached_blocks or shared_blocks(step) else ""))
 
 
 class KVMapScrubber(widgets.VBox):

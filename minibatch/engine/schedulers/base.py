@@ -102,6 +102,15 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self._take_slot(request)
 
+    def _start_after_prefix(self, request: Request, prefix: list[int]) -> None:
+        """Admission with prefix caching: the request's first len(prefix) blocks were found in the cache
+        (`BlockManager.cached_prefix`), so it computes from the first token after them."""
+        cached = len(prefix) * self.blocks.block_size
+        request.num_computed_tokens = cached
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = cached
+        self.blocks.record_lookup(request.num_tokens, cached)
+
     def finish(self, request: Request) -> None:
         """A request ended: free its KV blocks (its slot is released by the subclass rule)."""
         self.blocks.free(request.request_id)

@@ -68,12 +68,15 @@ class ContinuousScheduler(Scheduler):
             return
         while self.waiting and len(self.running) < self.max_batch_size and budget > 0:
             request = self.policy.next_waiting(self.waiting, now)
-            todo = self.tokens_to_compute(request, budget)
-            if not self.blocks.can_allocate(request.request_id, todo):
+            prefix = self.blocks.cached_prefix(request.all_token_ids)   # [] without prefix caching
+            cached = len(prefix) * self.blocks.block_size
+            todo = min(self.tokens_to_compute(request, budget), request.num_tokens - cached)
+            if not self.blocks.can_allocate(request.request_id, cached + todo, prefix):
                 break
             self.waiting.remove(request)
             self._admit(request)
-            self.blocks.allocate(request.request_id, todo)
+            self.blocks.allocate(request.request_id, cached + todo, prefix)
+            self._start_after_prefix(request, prefix)
             plan.seqs.append(ScheduledSeq(request, todo))
             budget -= todo
 

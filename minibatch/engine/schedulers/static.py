@@ -7,7 +7,6 @@ member's worst case (prompt + max_new_tokens) fits in the free KV blocks, so it 
 """
 from __future__ import annotations
 
-from minibatch.engine.kv import blocks_for
 from minibatch.engine.schedulers.base import ScheduledSeq, Scheduler, StepPlan
 
 
@@ -17,11 +16,16 @@ class StaticScheduler(Scheduler):
             return
         free = self.blocks.num_free_blocks
         while self.waiting and len(self.running) < self.max_batch_size:
-            need = max(blocks_for(self.waiting[0].max_total_tokens, self.blocks.block_size), self.blocks.reserve_blocks)
+            request = self.waiting[0]
+            prefix = self.blocks.cached_prefix(request.all_token_ids)   # [] without prefix caching
+            need = self.blocks.blocks_needed(request.request_id, request.max_total_tokens, prefix)
             if need > free:
                 break
             free -= need
             self._admit(self.waiting.popleft())
+            if prefix:
+                self.blocks.allocate(request.request_id, len(prefix) * self.blocks.block_size, prefix)
+            self._start_after_prefix(request, prefix)
 
     def schedule(self, now: float) -> StepPlan:
         if self.running and all(r.is_finished for r in self.running):
