@@ -98,7 +98,6 @@ def load_figures(report: RunReport) -> dict:
         "utilisation": sum((e - s) * b for s, e, b in steps) / (report.max_batch_size * (end - start)),
         "busy": busy / (end - start),
         "throughput_req_s": report.summary()["requests_per_s"],
-        "max_queue_depth": max((s.queue_depth for s in report.steps), default=0),
     })
     little = littles_law(report)
     figures.update({"mean_in_system": little["L"], "lambda_W": little["lambda_W"], "little_gap": little["gap"],
