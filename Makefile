@@ -26,10 +26,10 @@ STAMP   := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksu
 # restore the model from it. `make lab WHEELHOUSE=/media/usb/wheelhouse` uses a copy elsewhere.
 WHEELHOUSE ?= wheelhouse
 OFFLINE := $(if $(WHEELHOUSE),$(if $(wildcard $(WHEELHOUSE)/*.whl),--no-index --find-links $(WHEELHOUSE)))
-# the converted model in the cache (`python -m minibatch.engine.models.prepare` writes it) and in the wheelhouse
+# the converted model in the cache (`python -m minibatch prepare` writes it) and in the wheelhouse
 MODEL_DIR := $(or $(MINIBATCH_CACHE),$(HOME)/.cache/minibatch)/SmolLM2-135M-Instruct
 SAVED_MODEL := $(WHEELHOUSE)/model
-PREPARE := $(BIN)/python -m minibatch.engine.models.prepare $(if $(wildcard $(SAVED_MODEL)),--from $(SAVED_MODEL))
+PREPARE := $(BIN)/python -m minibatch prepare $(if $(wildcard $(SAVED_MODEL)),--from $(SAVED_MODEL))
 # seconds a single notebook cell may run under nbval before it counts as failed
 CELL_TIMEOUT ?= 600
 NOTEBOOKS = $(wildcard notebooks/*.ipynb solutions/*.ipynb)

@@ -10,6 +10,7 @@ import importlib
 import sys
 
 COMMANDS = {
+    "prepare": ("minibatch.analysis.prepare", "convert the default model (SmolLM2-135M-Instruct) into the cache once"),
     "demo": ("minibatch.bench.demo", "one workload on the default SLM, static vs continuous batching, side by side"),
     "calibrate": ("minibatch.analysis.calibrate", "measure this machine and fit the simulated clock's cost model"),
     "bench": ("minibatch.bench.suite", "minibatch against its peers on the same model, workload and machine"),

@@ -30,7 +30,7 @@ def test_old_python_fails_with_how_to_install():
 
 def test_missing_model_cache_fails_with_the_prepare_command(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIBATCH_CACHE", str(tmp_path))
-    assert_problem(doctor.check_model_cache(), "fail", str(tmp_path), "minibatch.engine.models.prepare", "make lab")
+    assert_problem(doctor.check_model_cache(), "fail", str(tmp_path), "python -m minibatch prepare", "make lab")
 
 
 def test_busy_port_warns_and_names_another():

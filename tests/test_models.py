@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import GPT2Config, LlamaConfig, MistralConfig
 
-from minibatch.engine.models import KNOWN_MODELS, load_hf, load_model, prepare_default_model, rope_theta
+from minibatch.engine.models import (KNOWN_MODELS, ModelShape, load_hf, load_model, load_model_spec, prepare_default_model,
+                                     rope_theta)
+from minibatch.engine.models.llama import LlamaModel
 from minibatch.engine.models import smollm2
 from minibatch.engine.models.tiny import random_llama, tiny_tokenizer
 
@@ -96,6 +98,19 @@ def test_local_checkpoint_with_gqa_and_untied_embeddings(tmp_path):
     ids = torch.tensor([[5, 17, 250, 3]])
     with torch.no_grad():
         assert torch.equal(hf(ids).logits, original(ids).logits)
+
+
+@pytest.mark.parametrize("source", ["tiny", "smollm2-135m", "smollm2-360m-random", "gqa-folder"])
+def test_the_weightless_spec_is_the_loaded_model_without_weights(source, tmp_path):
+    """The simulator and the memory arithmetic read load_model_spec: same sizes, tokenizer and stop tokens."""
+    if source == "gqa-folder":
+        random_llama(_gqa_untied_config(), seed=7).save_pretrained(tmp_path)   # no generation_config eos beyond 0
+        source = str(tmp_path)
+    spec, loaded = load_model_spec(source), load_model(source)
+    assert spec.state_dict == {} and spec.eos_token_ids == loaded.eos_token_ids
+    assert (spec.tokenizer is None) == (loaded.tokenizer is None)
+    engine_model = LlamaModel(loaded, torch.float32, torch.device("cpu"), max_positions=64)
+    assert vars(ModelShape(spec.config)) == {k: getattr(engine_model, k) for k in vars(ModelShape(spec.config))}
 
 
 def test_folder_without_tokenizer_files_has_no_tokenizer(tmp_path):

@@ -31,7 +31,7 @@ CHAPTER_08_GIB = 12      # chapter 08's 1.7B-shaped model (~11 GiB peak) and the
 DISK_GIB = 3             # .venv (1.8 GB), the converted model (0.5 GB), test artifacts
 SERVE_PORT = 8000        # chapter 13's terminal command `python -m minibatch serve --port 8000`
 KERNEL_TIMEOUT_S = 60
-PREPARE = "python -m minibatch.engine.models.prepare"  # what `make lab` runs first
+PREPARE = "python -m minibatch prepare"  # what `make lab` runs first
 
 
 @dataclass

@@ -24,6 +24,7 @@ import torch
 
 from minibatch.config import KV_LAYOUTS, ConfigError
 from minibatch.engine.kv import blocks_for, kv_bytes_per_token
+from minibatch.engine.models import ModelShape, load_model_spec
 
 GIB = 1 << 30
 
@@ -53,11 +54,8 @@ class KVShape:
     @classmethod
     def of_model(cls, model: str, dtype: str = "float32") -> "KVShape":
         """The shape of a registry model (e.g. "smollm2-135m"), read from its config: no weights are loaded."""
-        from minibatch.sim.stand_ins import load_model_spec
-
-        cfg = load_model_spec(model).config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return cls(model, cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, dtype)
+        shape = ModelShape(load_model_spec(model).config)
+        return cls(model, shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype)
 
 
 LLAMA2_7B = KVShape("Llama-2-7B", num_layers=32, num_kv_heads=32, head_dim=128, dtype="float16")  # no GQA

@@ -4,18 +4,19 @@ Decode is where paged attention spends its time: every sequence has one new quer
 attends to its whole context. `bench_decode` times one attention call (one layer) for each
 backend over a grid of context lengths and batch sizes, on shapes of the default model
 (3 KV heads, 9 query heads, head dim 64), with each sequence's blocks scattered over the cache.
-It prints the median (or the minimum) over repeats and the ratio `torch time / backend time` (above 1: faster
-than torch). The metadata is reused across repeats, as the layers of one step reuse it.
+Each point is timed with `torch.utils.benchmark`: calls run in blocks for a fixed time after warm-up
+(the GPU synchronised, torch's thread count kept). It prints the median block (or the fastest) and
+the ratio `torch time / backend time` (above 1: faster than torch). The metadata is reused across
+calls, as the layers of one step reuse it.
 
     python -m minibatch.bench.kernels            # CPU: torch vs numba
 """
 from __future__ import annotations
 
 import math
-import statistics
-import time
 
 import torch
+from torch.utils import benchmark
 from tqdm.auto import tqdm
 
 from minibatch.engine.kernels import AttentionMetadata, get_backend
@@ -34,28 +35,20 @@ def _decode_batch(batch_size, context_len, num_kv_heads, group, head_dim, block_
     return query, k_cache, v_cache, meta
 
 
-def _seconds(fn, repeats, warmup, device, statistic):
-    for _ in range(warmup):              # compilation, first-touch of memory, cached plans
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times) if statistic == "min" else statistics.median(times)
+def _seconds(fn, min_run_time_s: float, statistic: str) -> float:
+    """Seconds per call of fn: the median block of calls, or the fastest block."""
+    fn()                                 # compilation (Numba), first touch of memory, cached plans
+    timer = benchmark.Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    measurement = timer.blocked_autorange(min_run_time=min_run_time_s)
+    return min(measurement.times) if statistic == "min" else measurement.median
 
 
 def bench_decode(
     device: str = "cpu",                              # "cpu": torch vs numba; "cuda": torch vs numba-cuda
     context_lens=(128, 512, 1024, 2048, 4096),        # tokens each sequence attends to
     batch_sizes=(1, 8, 32, 64),                       # sequences decoding together
-    repeats: int = 10,                                # timed calls per point
-    statistic: str = "median",                        # "median" of the calls, or "min" (on a busy machine noise only adds)
-    warmup: int = 2,                                  # untimed calls first
+    min_run_time_s: float = 0.1,                      # seconds of timed calls per point and backend
+    statistic: str = "median",                        # "median" block of calls, or "min" (on a busy machine noise only adds)
     num_kv_heads: int = 3, group: int = 3, head_dim: int = 64,  # SmolLM2-135M's attention shape
     block_size: int = 16,                             # tokens per KV block
     seed: int = 0,
@@ -74,7 +67,7 @@ def bench_decode(
         for name in backends:
             backend = get_backend(name)
             call = lambda: backend.attention(query, k_cache, v_cache, meta, scale)  # noqa: E731
-            row[f"{name}_ms"] = 1e3 * _seconds(call, repeats, warmup, device, statistic)
+            row[f"{name}_ms"] = 1e3 * _seconds(call, min_run_time_s, statistic)
         row["speedup"] = row["torch_ms"] / row[f"{backends[1]}_ms"]
         rows.append(row)
     print(f"{'batch':>5} {'context':>7} {'torch ms':>9} {backends[1] + ' ms':>13} {'torch/' + backends[1]:>17}")

@@ -2,17 +2,19 @@
 
 `EngineConfig(clock="simulated")` serves with `SimulatedClockParts`: the model runs for real and
 every step is charged what the cost model says. With `sim_skip_model=True` as well, `ShapeOnlyParts`
-replace the model, the runner and the sampler by the stand-ins of `minibatch.sim.stand_ins` and keep
+replace the model by its `ModelShape`, the runner and the sampler by the stand-ins of
+`minibatch.sim.stand_ins`, and keep
 the KV tensors on PyTorch's "meta" device (sizes without memory).
 """
 from __future__ import annotations
 
 import torch
 
+from minibatch.engine.models import ModelShape, load_model_spec
 from minibatch.engine.parts import ModelParts
 from minibatch.sim.clock import SimulatedClock
 from minibatch.sim.costmodel import cost_model
-from minibatch.sim.stand_ins import PlaceholderRunner, PlaceholderSampler, ShapeOnlyModel, load_model_spec
+from minibatch.sim.stand_ins import PlaceholderRunner, PlaceholderSampler
 
 
 class SimulatedClockParts(ModelParts):
@@ -29,7 +31,7 @@ class ShapeOnlyParts(SimulatedClockParts):
         return load_model_spec(name)
 
     def model(self, loaded, dtype, device, max_model_len):
-        return ShapeOnlyModel(loaded)
+        return ModelShape(loaded.config)        # the model's sizes, without weights
 
     def kv_device(self, device: torch.device) -> torch.device:
         return torch.device("meta")

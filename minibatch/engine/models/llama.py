@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from minibatch.engine.models import LoadedModel, rope_theta
 from minibatch.engine.models.linear import Linear
+from minibatch.engine.models.shape import ModelShape
 
 
 def rms_norm(x, weight, eps):
@@ -30,17 +31,13 @@ def rms_norm(x, weight, eps):
     return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
-class LlamaModel:
+class LlamaModel(ModelShape):
     """Weights on the device and a forward pass over packed tokens."""
 
     def __init__(self, loaded: LoadedModel, dtype: torch.dtype, device: torch.device, max_positions: int):
         cfg = loaded.config
-        self.num_layers = cfg.num_hidden_layers
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        super().__init__(cfg)
         self.eps = cfg.rms_norm_eps
-        self.vocab_size = cfg.vocab_size
         self.scale = self.head_dim ** -0.5
         sd = loaded.state_dict
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()

@@ -1,5 +1,7 @@
-"""Load a model by name: the transformers model that serves as the reference (`load_hf`), and the
-plain weights, config and tokenizer that the engine's own forward pass reads (`load_model`).
+"""Load a model by name: the transformers model that serves as the reference (`load_hf`), the
+plain weights, config and tokenizer that the engine's own forward pass reads (`load_model`), and
+the same without weights for the simulator and the memory arithmetic (`load_model_spec`). All
+three find the model through one dispatch (`_find`) and stop at the same end-of-sequence tokens.
 
 Only the Llama architecture is supported (and Mistral without sliding-window attention, which is
 the same network): RMSNorm, rotary position embeddings without scaling, grouped-query attention,
@@ -7,11 +9,12 @@ a SwiGLU MLP, no biases; embeddings tied or untied. Anything else is refused wit
 before weights are read.
 """
 
+import functools
 import pathlib
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PretrainedConfig
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from minibatch.engine.models.registry import KNOWN_MODELS, resolve
@@ -73,8 +76,61 @@ def check_supported(config: PretrainedConfig, name: str) -> None:
     if config.hidden_act != "silu":
         raise ValueError(f"model={name!r}: hidden_act={config.hidden_act!r} is not supported; allowed: 'silu'")
     rope_theta(config)
-    if getattr(config, "head_dim", None) is None:  # older configs leave it implicit
+    if getattr(config, "head_dim", None) is None:  # older configs leave it implicit; every reader takes it from here
         config.head_dim = config.hidden_size // config.num_attention_heads
+
+
+@dataclass
+class _Found:
+    config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerBase | None
+    weights: str | None          # the folder or hub id holding the weights; None: random weights from the config
+
+
+def _find(name: str) -> _Found:
+    """Where `name`'s config, tokenizer and weights come from: the one dispatch over model sources."""
+    source = resolve(name)
+    if source.ref == "tiny":
+        found = _Found(tiny_config(), tiny_tokenizer(), None)
+    elif source.kind == "builtin" and source.ref != "smollm2-135m":  # smollm2-*-random: SmolLM2 shapes and tokenizer
+        size = source.ref.removeprefix("smollm2-").removesuffix("-random")
+        found = _Found(smollm2_shaped_config(size), AutoTokenizer.from_pretrained(prepare_default_model()), None)
+    else:  # a local folder, a hub id, or the converted SmolLM2-135M-Instruct
+        ref = str(prepare_default_model()) if source.kind == "builtin" else source.ref
+        found = _Found(_config(ref, from_hub=source.kind == "hub"), _tokenizer(ref, from_hub=source.kind == "hub"), ref)
+    check_supported(found.config, str(name))
+    return found
+
+
+def _config(ref: str, from_hub: bool) -> PretrainedConfig:
+    try:
+        return AutoConfig.from_pretrained(ref)
+    except OSError as err:
+        if not from_hub:
+            raise
+        raise OSError(
+            f"model={ref!r} could not be fetched from the Hugging Face hub (offline?): {err}\n"
+            f"Use one of {', '.join(KNOWN_MODELS)} or a local folder instead."
+        ) from err
+
+
+def _tokenizer(ref: str, from_hub: bool) -> PreTrainedTokenizerBase | None:
+    if from_hub:
+        try:
+            return AutoTokenizer.from_pretrained(ref)
+        except OSError:  # the repository has no tokenizer files
+            return None
+    has_tokenizer = any((pathlib.Path(ref) / f).is_file() for f in TOKENIZER_FILES)
+    return AutoTokenizer.from_pretrained(ref) if has_tokenizer else None
+
+
+def eos_token_ids(generation: GenerationConfig, tokenizer) -> list[int]:
+    """Stop tokens from the generation config and the tokenizer, deduplicated, in that order."""
+    ids = generation.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return list(dict.fromkeys(ids))
 
 
 def load_hf(name: str, dtype: torch.dtype = torch.float32):
@@ -84,22 +140,16 @@ def load_hf(name: str, dtype: torch.dtype = torch.float32):
     """
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(map(str, SUPPORTED_DTYPES))}")
-    source = resolve(name)
-    if source.kind != "builtin":  # a local folder or a hub id
-        model, tokenizer = _from_pretrained(source.ref, dtype, from_hub=source.kind == "hub")
-    elif source.ref == "smollm2-135m":
-        model, tokenizer = _from_pretrained(str(prepare_default_model()), dtype, from_hub=False)
-    elif source.ref == "tiny":
-        model, tokenizer = random_llama(tiny_config(), dtype=dtype), tiny_tokenizer()
-    else:  # smollm2-*-random: SmolLM2 shapes, random weights, the real SmolLM2 tokenizer
-        size = source.ref.removeprefix("smollm2-").removesuffix("-random")
-        model = random_llama(smollm2_shaped_config(size), dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(prepare_default_model())
-    eos = eos_token_ids(model, tokenizer)
+    found = _find(name)
+    if found.weights is None:
+        model = random_llama(found.config, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(found.weights, config=found.config, dtype=dtype)
+    eos = eos_token_ids(model.generation_config, found.tokenizer)
     model.generation_config.eos_token_id = eos
     if model.generation_config.pad_token_id is None and eos:
         model.generation_config.pad_token_id = eos[0]  # generate() would otherwise warn
-    return model.eval(), tokenizer
+    return model.eval(), found.tokenizer
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
@@ -107,37 +157,20 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
     model, tokenizer = load_hf(name, dtype)
     state_dict = model.state_dict()  # detached tensors that share the model's storage
     _check_weight_names(state_dict, model.config, name)
-    return LoadedModel(str(name), model.config, dict(state_dict), tokenizer, eos_token_ids(model, tokenizer))
+    return LoadedModel(str(name), model.config, dict(state_dict), tokenizer, model.generation_config.eos_token_id)
 
 
-def eos_token_ids(model: PreTrainedModel, tokenizer) -> list[int]:
-    """Stop tokens from the generation config and the tokenizer, deduplicated, in that order."""
-    ids = model.generation_config.eos_token_id
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return list(dict.fromkeys(ids))
-
-
-def _from_pretrained(ref: str, dtype: torch.dtype, from_hub: bool):
-    try:
-        config = AutoConfig.from_pretrained(ref)
-    except OSError as err:
-        if not from_hub:
-            raise
-        raise OSError(
-            f"model={ref!r} could not be fetched from the Hugging Face hub (offline?): {err}\n"
-            f"Use one of {', '.join(KNOWN_MODELS)} or a local folder instead."
-        ) from err
-    check_supported(config, ref)
-    model = AutoModelForCausalLM.from_pretrained(ref, config=config, dtype=dtype)
-    if from_hub:
+@functools.lru_cache(maxsize=8)
+def load_model_spec(name: str) -> LoadedModel:
+    """`load_model` without the weights (an empty state_dict): config, tokenizer and the same stop tokens."""
+    found = _find(name)
+    generation = GenerationConfig.from_model_config(found.config)  # what transformers falls back to
+    if found.weights is not None:
         try:
-            return model, AutoTokenizer.from_pretrained(ref)
-        except OSError:  # the repository has no tokenizer files
-            return model, None
-    has_tokenizer = any((pathlib.Path(ref) / f).is_file() for f in TOKENIZER_FILES)
-    return model, AutoTokenizer.from_pretrained(ref) if has_tokenizer else None
+            generation = GenerationConfig.from_pretrained(found.weights)
+        except OSError:  # no generation_config.json
+            pass
+    return LoadedModel(str(name), found.config, {}, found.tokenizer, eos_token_ids(generation, found.tokenizer))
 
 
 def _check_weight_names(state_dict: dict, config: PretrainedConfig, name: str) -> None:
