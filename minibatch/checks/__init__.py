@@ -24,3 +24,4 @@ from minibatch.checks.memory import check_append_token, check_kv_capacity, check
 from minibatch.checks.latency import check_batch_timeout
 from minibatch.checks.monitoring import check_histogram_quantile
 from minibatch.checks.capstone import check_capstone
+from minibatch.checks.why_batch import check_roofline_tokens_per_s
