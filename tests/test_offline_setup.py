@@ -52,7 +52,7 @@ def test_a_wheelhouse_makes_every_install_offline(tmp_path):
     assert code == 0 and len(installs) == 4, out
     assert all(f"--no-index --find-links {tmp_path}" in line for line in installs), out
     assert "torch_source.py" not in out  # no index is probed either
-    assert f"models.prepare --from {tmp_path}/model" in out
+    assert f"minibatch prepare --from {tmp_path}/model" in out
 
 
 def test_without_a_wheelhouse_installs_go_online_and_an_empty_one_is_refused(tmp_path):
