@@ -45,7 +45,7 @@ class BlockManager:
         self.free_blocks: deque[int] = deque(range(num_blocks))
         self.block_tables: dict[int, list[int]] = {}
         self.tokens_stored: dict[int, int] = {}   # tokens each request has asked room for
-        self.ref_counts = [0] * num_blocks         # block -> how many block tables hold it
+        self.ref_counts: dict[int, int] = {}       # held block -> how many block tables hold it
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
         self.hashes: dict[int, list[bytes]] = {}   # request id -> chained hashes of its full, computed blocks
 
@@ -74,7 +74,7 @@ class BlockManager:
         """Blocks request_id must take from the free or evictable ones to hold num_tokens tokens in total;
         a new request starting with the cached `prefix` takes those of them that nobody holds."""
         held = len(self.block_tables.get(request_id, prefix))
-        return max(0, self._table_length(num_tokens) - held) + sum(1 for b in prefix if self.ref_counts[b] == 0)
+        return max(0, self._table_length(num_tokens) - held) + sum(1 for b in prefix if b not in self.ref_counts)
 
     def _table_length(self, num_tokens: int) -> int:
         """Blocks a table holding num_tokens tokens has (a contiguous one: its whole reservation)."""
@@ -103,7 +103,7 @@ class BlockManager:
         """Start request_id's table with cached blocks, counting the lookup (vLLM's queries and hits, in tokens)."""
         for block in prefix:
             self.prefix_cache.take(block)
-            self.ref_counts[block] += 1
+            self.ref_counts[block] = self.ref_counts.get(block, 0) + 1
         self.block_tables[request_id] = list(prefix)
         self.hashes[request_id] = [self.prefix_cache.hash_of[b] for b in prefix]
 
@@ -139,15 +139,12 @@ class BlockManager:
     def _release(self, blocks: list[int]) -> None:
         """Drop one hold on each block; a block nobody holds goes back to the free list, or, if cached,
         to the evictable pool (tail blocks first, so a sequence's shared head is evicted last)."""
-        if self.prefix_cache is None:
-            for block in blocks:
-                self.ref_counts[block] -= 1
-            self.free_blocks.extend(blocks)
-            return
-        for block in reversed(blocks):
+        for block in blocks if self.prefix_cache is None else reversed(blocks):
             self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0 and not self.prefix_cache.park(block):
-                self.free_blocks.append(block)
+            if self.ref_counts[block] == 0:
+                del self.ref_counts[block]
+                if self.prefix_cache is None or not self.prefix_cache.park(block):
+                    self.free_blocks.append(block)
 
     def shrink(self, request_id: int, num_tokens: int) -> None:
         """Keep only the blocks that hold request_id's first num_tokens tokens; the rest go back to the
@@ -180,7 +177,7 @@ class BlockManager:
     @property
     def num_tokens_stored(self) -> int:
         """Tokens the held blocks store, a shared block's counted once."""
-        shared_copies = sum(count - 1 for count in self.ref_counts if count > 1) if self.prefix_cache else 0
+        shared_copies = sum(self.ref_counts.values()) - len(self.ref_counts)
         return sum(self.tokens_stored.values()) - shared_copies * self.block_size
 
     def usage(self) -> dict:
