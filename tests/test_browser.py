@@ -1,4 +1,4 @@
-"""The course's panels in a real browser: JupyterLab in headless Chromium runs chapters 04 and 09 from
+"""The course's panels in a real browser: JupyterLab in headless Chromium runs chapters 04 and 10 from
 the menu, then the test moves the batching sliders and flips the edge-mode switch as a learner would
 and checks that each panel's figure and metrics table changed, and that no cell shows an error.
 
@@ -37,7 +37,7 @@ METRICS = ("throughput (tok/s)", "mean batch", "p50 TTFT (s)", "p99 TTFT (s)", "
 def copies():
     """A hidden folder under the repository holding copies of the chapters; deleted afterwards."""
     folder = Path(tempfile.mkdtemp(prefix=".browser-test-", dir=ROOT))
-    for name in ("04_throughput_vs_latency.ipynb", "09_edge_batch_of_one.ipynb"):
+    for name in ("04_throughput_vs_latency.ipynb", "10_edge_batch_of_one.ipynb"):
         shutil.copy(ROOT / "notebooks" / name, folder / name)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
@@ -149,7 +149,7 @@ def test_batching_panel_follows_its_sliders(page, lab, copies):
 
 
 def test_edge_switch_redraws_the_lanes(page, lab, copies):
-    run_chapter(page, lab, copies, "09_edge_batch_of_one.ipynb")
+    run_chapter(page, lab, copies, "10_edge_batch_of_one.ipynb")
     switch = widget(page, "widget-checkbox", "edge mode")
     panel, metrics, image = panel_parts(page, switch)
     checkbox = switch.locator("input[type=checkbox]")

@@ -22,13 +22,13 @@ BASELINE = EngineConfig(model="smollm2-135m", scheduler="static", max_batch_size
 
 @pytest.fixture(scope="module")
 def reference_config() -> EngineConfig:
-    """choose_config() as solutions/14_capstone.ipynb writes it."""
-    cells = json.loads((ROOT / "solutions" / "14_capstone.ipynb").read_text())["cells"]
+    """choose_config() as solutions/15_capstone.ipynb writes it."""
+    cells = json.loads((ROOT / "solutions" / "15_capstone.ipynb").read_text())["cells"]
     source = next("".join(c["source"]) for c in cells if "exercise" in c.get("metadata", {}).get("tags", []))
     tree = ast.parse(source)
     tree.body = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef))]
     namespace = {}
-    exec(compile(tree, "solutions/14_capstone.ipynb", "exec"), namespace)
+    exec(compile(tree, "solutions/15_capstone.ipynb", "exec"), namespace)
     return namespace["choose_config"]()
 
 

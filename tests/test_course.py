@@ -1,4 +1,4 @@
-"""The course reads as one book: chapters 00 to 14 in order, each opening with its question, linked
+"""The course reads as one book: chapters 00 to 15 in order, each opening with its question, linked
 to the chapters before and after it; every relative link in the notebooks and docs resolves; chapter
 00 defines every term of the glossary once; every chapter ends with its further reading; no notebook
 asserts on a timing outside minibatch.analysis.claims.claim."""
@@ -22,8 +22,8 @@ def markdown(path: Path) -> list[str]:
     return [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown"]
 
 
-def test_chapters_are_numbered_00_to_14_without_gaps():
-    assert [p.name[:2] for p in CHAPTERS] == [f"{i:02d}" for i in range(15)]
+def test_chapters_are_numbered_00_to_15_without_gaps():
+    assert [p.name[:2] for p in CHAPTERS] == [f"{i:02d}" for i in range(16)]
 
 
 @pytest.mark.parametrize("index", range(len(CHAPTERS)), ids=lambda i: CHAPTERS[i].stem)

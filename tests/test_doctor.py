@@ -49,7 +49,7 @@ def test_missing_chromium_only_warns(tmp_path, monkeypatch):
 
 def test_low_memory_warns_for_chapter_08_and_fails_below_the_course(monkeypatch):
     monkeypatch.setattr(doctor, "memory_gib", lambda: (7.6, 5.0))
-    assert_problem(doctor.check_memory(), "warn", "chapter 08", "skip chapter 08")
+    assert_problem(doctor.check_memory(), "warn", "chapter 09", "skip chapter 09")
     monkeypatch.setattr(doctor, "memory_gib", lambda: (2.0, 1.0))
     assert_problem(doctor.check_memory(), "fail", "4 GB")
     monkeypatch.setattr(doctor, "memory_gib", lambda: (32.0, 2.0))

@@ -8,10 +8,10 @@ on. The last line is a one-line summary an instructor collects from every laptop
 The exit code is 1 when any check fails, else 0. `--quick` skips starting a Jupyter kernel and asks the
 `tiny` model instead of SmolLM2-135M; `--json` prints every check as JSON instead.
 
-What the course needs: chapter 08's profiling cell, run alone with the peak resident memory read from
+What the course needs: chapter 09's profiling cell, run alone with the peak resident memory read from
 `resource.getrusage`, peaks at 1.1 GiB on SmolLM2-135M and 2.5 GiB on the 360M shape, about 6.4 bytes
 per weight (4 for the fp32 weight, the rest the engine's packed copies of q/k/v and gate/up). Every
-chapter but 08 serves the 135M model, so 2 to 3 GiB with JupyterLab; chapter 08 also loads random
+chapter but 09 serves the 135M model, so 2 to 3 GiB with JupyterLab; chapter 09 also loads random
 weights shaped like SmolLM2-1.7B, which by the same rate peaks near 11 GiB.
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass
 MIN_PYTHON = (3, 11)
 GIB = 2 ** 30
 COURSE_GIB = 3           # every chapter except 08: the 135M model, JupyterLab and a browser tab
-CHAPTER_08_GIB = 12      # chapter 08's 1.7B-shaped model (~11 GiB peak) and the rest of the machine
+CHAPTER_09_GIB = 12      # chapter 09's 1.7B-shaped model (~11 GiB peak) and the rest of the machine
 DISK_GIB = 3             # .venv (1.8 GB), the converted model (0.5 GB), test artifacts
-SERVE_PORT = 8000        # chapter 13's terminal command `python -m minibatch serve --port 8000`
+SERVE_PORT = 8000        # chapter 14's terminal command `python -m minibatch serve --port 8000`
 KERNEL_TIMEOUT_S = 60
 PREPARE = "python -m minibatch prepare"  # what `make lab` runs first
 
@@ -71,14 +71,14 @@ def check_memory() -> Check:
     if total < COURSE_GIB:
         return Check("memory", "fail", detail + f"; the course needs about {COURSE_GIB} GiB",
                      "use a machine with at least 4 GB of RAM (8 GB for comfort)")
-    if total < CHAPTER_08_GIB:
-        return Check("memory", "warn", detail + f"; chapter 08 needs about {CHAPTER_08_GIB} GiB "
+    if total < CHAPTER_09_GIB:
+        return Check("memory", "warn", detail + f"; chapter 09 needs about {CHAPTER_09_GIB} GiB "
                      "(a 1.7B-shaped model), every other chapter about 3 GiB",
-                     "skip chapter 08's model-size cell (or read it on a neighbour's screen); close other "
+                     "skip chapter 09's model-size cell (or read it on a neighbour's screen); close other "
                      "programs before the other chapters")
     if available < COURSE_GIB:
         return Check("memory", "warn", detail, "close other programs (browser tabs, IDEs) to free memory")
-    return Check("memory", "ok", detail + f" (chapter 08 needs ~{CHAPTER_08_GIB}, the others ~{COURSE_GIB})")
+    return Check("memory", "ok", detail + f" (chapter 09 needs ~{CHAPTER_09_GIB}, the others ~{COURSE_GIB})")
 
 
 def check_disk(path: str | None = None) -> Check:
@@ -204,7 +204,7 @@ def check_numba() -> Check:
         value = dot(np.arange(4.0), np.ones(4))
     except Exception as error:
         return Check("numba", "fail", f"Numba cannot compile: {type(error).__name__}: {error}",
-                     "rebuild the environment (`make clean && make venv`); chapters 06, 07 and 12 need Numba")
+                     "rebuild the environment (`make clean && make venv`); chapters 06, 08 and 13 need Numba")
     if value != 6.0:
         return Check("numba", "fail", f"a compiled dot product gave {value}, not 6.0", "rebuild the environment")
     return Check("numba", "ok", f"Numba {numba.__version__} compiles (the first call in a chapter takes seconds)")
@@ -221,20 +221,20 @@ def check_chromium() -> Check:
 
 def check_port(port: int = SERVE_PORT, host: str = "127.0.0.1") -> Check:
     try:
-        with socket.socket() as s:  # chapter 13's notebook serves on any free loopback port ...
+        with socket.socket() as s:  # chapter 14's notebook serves on any free loopback port ...
             s.bind((host, 0))
     except OSError as error:
         return Check("port", "fail", f"cannot open a port on {host}: {error}",
-                     "chapter 13 serves on this machine only: allow Python to listen on 127.0.0.1 "
+                     "chapter 14 serves on this machine only: allow Python to listen on 127.0.0.1 "
                      "in your firewall or security software")
     try:
         with socket.socket() as s:  # ... and its terminal command on 8000
             s.bind((host, port))
     except OSError:
         return Check("port", "warn", f"port {port} on {host} is in use by another program",
-                     f"stop that program, or start chapter 13's server on another port: "
+                     f"stop that program, or start chapter 14's server on another port: "
                      f"`python -m minibatch serve --port {port + 1}` (and use that port in its URL)")
-    return Check("port", "ok", f"port {port} on {host} is free for chapter 13's server")
+    return Check("port", "ok", f"port {port} on {host} is free for chapter 14's server")
 
 
 def run_checks(quick: bool = False) -> list[Check]:

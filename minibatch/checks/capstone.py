@@ -1,4 +1,4 @@
-"""Chapter 14 (capstone): an EngineConfig that serves the capstone's workload within its SLA and KV budget."""
+"""Chapter 15 (capstone): an EngineConfig that serves the capstone's workload within its SLA and KV budget."""
 
 from minibatch.checks.core import checker, describe
 

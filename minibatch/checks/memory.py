@@ -1,4 +1,4 @@
-"""Chapters 06 and 07 (the KV cache, memory and paged attention): capacity, block growth and a paged decode kernel."""
+"""Chapters 06 and 08 (the KV cache, memory and paged attention): capacity, block growth and a paged decode kernel."""
 
 import numpy as np
 import torch

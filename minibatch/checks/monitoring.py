@@ -1,4 +1,4 @@
-"""Chapter 11 (monitoring): a quantile from a Prometheus histogram."""
+"""Chapter 12 (monitoring): a quantile from a Prometheus histogram."""
 
 from minibatch.checks.core import Case, check_cases, checker
 

@@ -1,4 +1,4 @@
-"""Chapter 13 (serving over HTTP): utilisation and saturation read from two /metrics scrapes."""
+"""Chapter 14 (serving over HTTP): utilisation and saturation read from two /metrics scrapes."""
 
 import numpy as np
 

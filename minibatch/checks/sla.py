@@ -1,4 +1,4 @@
-"""Chapter 10 (batching configuration and SLAs): latency percentiles and picking a configuration that meets an SLA."""
+"""Chapter 11 (batching configuration and SLAs): latency percentiles and picking a configuration that meets an SLA."""
 
 import numpy as np
 

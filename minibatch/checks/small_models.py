@@ -1,4 +1,4 @@
-"""Chapter 08 (small-model specifics): the overhead share of a step and the batch size that amortises it."""
+"""Chapter 09 (small-model specifics): the overhead share of a step and the batch size that amortises it."""
 
 import numpy as np
 

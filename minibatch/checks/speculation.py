@@ -1,4 +1,4 @@
-"""Chapter 09 (edge mode and speculative decoding): expected speed-up and greedy verification."""
+"""Chapter 10 (edge mode and speculative decoding): expected speed-up and greedy verification."""
 
 import numpy as np
 
