@@ -3,7 +3,8 @@ makes, with a message that names the mistake or the input it failed on."""
 
 import pytest
 
-from minibatch.checks import check_roofline_tokens_per_s
+from minibatch.checks import check_long_prompt_ttft, check_pick_token_budget, check_roofline_tokens_per_s
+from minibatch.checks import chunking
 from minibatch.checks.why_batch import ADVICE, MISTAKES, roofline_tokens_per_s
 
 
@@ -20,3 +21,40 @@ def test_roofline_mistake_is_named(mistake):
 def test_roofline_other_wrong_answer_names_its_input():
     with pytest.raises(AssertionError, match=r"(?s)input:.*expected"):
         check_roofline_tokens_per_s(lambda b, wb, wp, bw, fl: 1 / max(wb / bw, 2 * b * wp / fl))  # steps/s
+
+
+# ---- chapter 05: a token budget for an inter-token latency --------------------------------------
+
+def _budgets(step_s_of):
+    """A pick_token_budget that asks step_s_of(budget, num_decoding, step_s) for a candidate's fullest step."""
+    def pick(step_s, num_decoding, itl_limit_s, candidates):
+        fits = [b for b in candidates if b > num_decoding and step_s_of(b, num_decoding, step_s) <= itl_limit_s]
+        return max(fits, default=None)
+    return pick
+
+
+def test_budget_references_are_solved():
+    assert check_pick_token_budget(chunking.pick_token_budget).solved
+    assert check_long_prompt_ttft(chunking.long_prompt_ttft).solved
+
+
+@pytest.mark.parametrize("wrong, named", [
+    (_budgets(lambda b, d, step_s: step_s(b - d, 0)), "the decoders' tokens cost time"),          # decoders free
+    (_budgets(lambda b, d, step_s: step_s(b, d)), "carries the 8 decode tokens and 56 prompt"),   # b prompt + d
+    (lambda step_s, d, limit, candidates: min((b for b in candidates if b > d and step_s(b - d, d) <= limit),
+                                              default=None), "not the smallest"),
+    (lambda step_s, d, limit, candidates: max((b for b in candidates if step_s(b - d, d) <= limit), default=None),
+     r"(?s)input:.*20, 0\.05"),                                                    # a budget the decoders fill
+])
+def test_budget_mistakes_are_caught(wrong, named):
+    with pytest.raises(AssertionError, match=named):
+        check_pick_token_budget(wrong)
+
+
+def test_ttft_mistakes_are_caught():
+    whole_budget_chunks = lambda step_s, b, d, n: -(-n // b) * step_s(b, d)            # noqa: E731
+    with pytest.raises(AssertionError, match="each chunk holds 60 prompt tokens"):
+        check_long_prompt_ttft(whole_budget_chunks)
+    full_last_chunk = lambda step_s, b, d, n: -(-n // (b - d)) * step_s(b - d, d)      # noqa: E731
+    with pytest.raises(AssertionError, match=r"(?s)input:.*130"):
+        check_long_prompt_ttft(full_last_chunk)
