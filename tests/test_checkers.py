@@ -3,8 +3,8 @@ makes, with a message that names the mistake or the input it failed on."""
 
 import pytest
 
-from minibatch.checks import check_long_prompt_ttft, check_pick_token_budget, check_roofline_tokens_per_s
-from minibatch.checks import chunking
+from minibatch.checks import (check_long_prompt_ttft, check_pick_token_budget, check_roofline_tokens_per_s,
+                              check_saturating_batch, chunking, slm_vs_llm)
 from minibatch.checks.why_batch import ADVICE, MISTAKES, roofline_tokens_per_s
 
 
@@ -58,3 +58,25 @@ def test_ttft_mistakes_are_caught():
     full_last_chunk = lambda step_s, b, d, n: -(-n // (b - d)) * step_s(b - d, d)      # noqa: E731
     with pytest.raises(AssertionError, match=r"(?s)input:.*130"):
         check_long_prompt_ttft(full_last_chunk)
+
+
+# ---- chapter 13: the knee of the tokens/s curve ------------------------------------------------
+
+def test_knee_reference_is_solved():
+    assert check_saturating_batch(slm_vs_llm.saturating_batch).solved
+
+
+def _first_batch(reaches):
+    """A linear-scan saturating_batch whose test is reaches(batch, step_s, limit)."""
+    return lambda step_s, limit=65536: next(b for b in range(1, limit + 1) if reaches(b, step_s, limit))
+
+
+@pytest.mark.parametrize("wrong, named", [
+    (lambda step_s, limit=65536: limit // 2, "half the limit"),
+    (lambda step_s, limit=65536: slm_vs_llm.saturating_batch(step_s, limit) - 1, "smallest batch that reaches"),
+    (_first_batch(lambda b, step_s, limit: b / step_s(b) > limit / step_s(limit) / 2), r"(?s)input:.*got: +33"),
+    (_first_batch(lambda b, step_s, limit: b / step_s(b) >= 2 / step_s(1)), r"(?s)input:"),   # twice batch 1's
+])
+def test_knee_mistakes_are_caught(wrong, named):
+    with pytest.raises(AssertionError, match=named):
+        check_saturating_batch(wrong)
