@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from minibatch.validate import ConfigError as ConfigError  # re-exported: every module imports it from here
+from minibatch.validate import check_choice, check_int, check_number, fail
+
 SCHEDULERS = ("static", "continuous", "edge")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -18,29 +21,6 @@ ATTENTION_BACKENDS = ("torch", "numba", "numba-cuda")
 CLOCKS = ("real", "simulated")
 SPECULATIVE_METHODS = (None, "ngram", "draft", "layer_skip")
 SCHEDULING_POLICIES = ("fcfs", "priority", "shortest_prompt")
-
-
-class ConfigError(ValueError):
-    """A configuration or request field holds a value that is not allowed."""
-
-
-def _fail(owner: str, name: str, value, allowed: str):
-    raise ConfigError(f"{owner}.{name}={value!r} is not allowed: {allowed}")
-
-
-def _check_choice(owner: str, name: str, value, choices):
-    if value not in choices:
-        _fail(owner, name, value, "choose one of " + ", ".join(repr(c) for c in choices))
-
-
-def _check_int(owner: str, name: str, value, minimum: int):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        _fail(owner, name, value, f"an integer >= {minimum}")
-
-
-def _check_number(owner: str, name: str, value, minimum: float):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < minimum:
-        _fail(owner, name, value, f"a number >= {minimum}")
 
 
 @dataclass
@@ -87,71 +67,71 @@ class EngineConfig:
     def __post_init__(self):
         owner = "EngineConfig"
         if not isinstance(self.model, str) or not self.model:
-            _fail(owner, "model", self.model, "a registry name, a local folder or a hub id")
-        _check_choice(owner, "device", self.device, DEVICES)
-        _check_choice(owner, "dtype", self.dtype, DTYPES)
-        _check_choice(owner, "scheduler", self.scheduler, SCHEDULERS)
-        _check_int(owner, "max_batch_size", self.max_batch_size, 1)
-        _check_number(owner, "batch_timeout_s", self.batch_timeout_s, 0.0)
-        _check_int(owner, "max_tokens_per_step", self.max_tokens_per_step, 1)
-        _check_int(owner, "block_size", self.block_size, 1)
+            fail(owner, "model", self.model, "a registry name, a local folder or a hub id")
+        check_choice(owner, "device", self.device, DEVICES)
+        check_choice(owner, "dtype", self.dtype, DTYPES)
+        check_choice(owner, "scheduler", self.scheduler, SCHEDULERS)
+        check_int(owner, "max_batch_size", self.max_batch_size, 1)
+        check_number(owner, "batch_timeout_s", self.batch_timeout_s, 0.0)
+        check_int(owner, "max_tokens_per_step", self.max_tokens_per_step, 1)
+        check_int(owner, "block_size", self.block_size, 1)
         if self.num_kv_blocks is not None:
-            _check_int(owner, "num_kv_blocks", self.num_kv_blocks, 1)
-        _check_int(owner, "kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
-        _check_choice(owner, "kv_layout", self.kv_layout, KV_LAYOUTS)
+            check_int(owner, "num_kv_blocks", self.num_kv_blocks, 1)
+        check_int(owner, "kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
+        check_choice(owner, "kv_layout", self.kv_layout, KV_LAYOUTS)
         if not isinstance(self.enable_prefix_caching, bool):
-            _fail(owner, "enable_prefix_caching", self.enable_prefix_caching, "True or False")
+            fail(owner, "enable_prefix_caching", self.enable_prefix_caching, "True or False")
         if self.enable_prefix_caching and self.kv_layout != "paged":
-            _fail(owner, "enable_prefix_caching", True, f"False with kv_layout={self.kv_layout!r}: shared blocks need "
+            fail(owner, "enable_prefix_caching", True, f"False with kv_layout={self.kv_layout!r}: shared blocks need "
                   "the paged layout (a contiguous reservation belongs to one request); use kv_layout='paged'")
         if self.max_model_len is not None:
-            _check_int(owner, "max_model_len", self.max_model_len, 2)
-        _check_choice(owner, "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        _check_choice(owner, "clock", self.clock, CLOCKS)
+            check_int(owner, "max_model_len", self.max_model_len, 2)
+        check_choice(owner, "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        check_choice(owner, "clock", self.clock, CLOCKS)
         if not isinstance(self.sim_profile, str) or not self.sim_profile:
-            _fail(owner, "sim_profile", self.sim_profile, "a profile name (minibatch.sim.costmodel.list_profiles()) or a JSON path")
+            fail(owner, "sim_profile", self.sim_profile, "a profile name (minibatch.sim.costmodel.list_profiles()) or a JSON path")
         if not isinstance(self.sim_skip_model, bool) or (self.sim_skip_model and self.clock != "simulated"):
-            _fail(owner, "sim_skip_model", self.sim_skip_model, "False, or True together with clock='simulated'")
-        _check_int(owner, "seed", self.seed, 0)
+            fail(owner, "sim_skip_model", self.sim_skip_model, "False, or True together with clock='simulated'")
+        check_int(owner, "seed", self.seed, 0)
         self._check_policy(owner)
         self._check_speed_options(owner)
 
     def _check_policy(self, owner: str):
         """The scheduling policy, its aging rate and the per-request prefill cap."""
-        _check_choice(owner, "scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        check_choice(owner, "scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         if self.scheduling_policy != "fcfs" and self.scheduler == "static":
-            _fail(owner, "scheduling_policy", self.scheduling_policy,
+            fail(owner, "scheduling_policy", self.scheduling_policy,
                   "'fcfs' with scheduler='static' (a static batch never admits or preempts mid-way); "
                   "other policies run with scheduler 'continuous' or 'edge'")
-        _check_number(owner, "aging_tokens_per_s", self.aging_tokens_per_s, 0.0)
+        check_number(owner, "aging_tokens_per_s", self.aging_tokens_per_s, 0.0)
         if self.aging_tokens_per_s == float("inf"):
-            _fail(owner, "aging_tokens_per_s", self.aging_tokens_per_s, "a finite number >= 0")
-        _check_int(owner, "long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
+            fail(owner, "aging_tokens_per_s", self.aging_tokens_per_s, "a finite number >= 0")
+        check_int(owner, "long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
 
     def _check_speed_options(self, owner: str):
         """Profiling, CUDA graphs and speculative decoding: types, ranges and combinations."""
         for name in ("profile_steps", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
-                _fail(owner, name, getattr(self, name), "True or False")
+                fail(owner, name, getattr(self, name), "True or False")
         if self.profile_steps and self.cuda_graphs:
-            _fail(owner, "profile_steps", True, "False when cuda_graphs=True (a captured graph cannot be timed layer by layer)")
-        _check_choice(owner, "speculative_method", self.speculative_method, SPECULATIVE_METHODS)
-        _check_int(owner, "num_speculative_tokens", self.num_speculative_tokens, 1)
-        _check_int(owner, "ngram_prompt_lookup_min", self.ngram_prompt_lookup_min, 1)
-        _check_int(owner, "ngram_prompt_lookup_max", self.ngram_prompt_lookup_max, self.ngram_prompt_lookup_min)
+            fail(owner, "profile_steps", True, "False when cuda_graphs=True (a captured graph cannot be timed layer by layer)")
+        check_choice(owner, "speculative_method", self.speculative_method, SPECULATIVE_METHODS)
+        check_int(owner, "num_speculative_tokens", self.num_speculative_tokens, 1)
+        check_int(owner, "ngram_prompt_lookup_min", self.ngram_prompt_lookup_min, 1)
+        check_int(owner, "ngram_prompt_lookup_max", self.ngram_prompt_lookup_max, self.ngram_prompt_lookup_min)
         if self.speculative_layers is not None:
-            _check_int(owner, "speculative_layers", self.speculative_layers, 1)
+            check_int(owner, "speculative_layers", self.speculative_layers, 1)
         if (self.speculative_method == "draft") != (self.speculative_model is not None):
-            _fail(owner, "speculative_model", self.speculative_model,
+            fail(owner, "speculative_model", self.speculative_model,
                   "a model name or folder exactly when speculative_method='draft', else None")
         if self.speculative_method and self.scheduler == "static":
-            _fail(owner, "speculative_method", self.speculative_method,
+            fail(owner, "speculative_method", self.speculative_method,
                   "None with scheduler='static'; speculative decoding runs with scheduler 'continuous' or 'edge'")
         if self.enable_prefix_caching and self.speculative_method == "draft":
-            _fail(owner, "enable_prefix_caching", True, "False with speculative_method='draft': the draft model's "
+            fail(owner, "enable_prefix_caching", True, "False with speculative_method='draft': the draft model's "
                   "own KV tensors are not shared; use speculative_method 'ngram' or 'layer_skip', or no prefix caching")
         if self.sim_skip_model and (self.speculative_method or self.profile_steps or self.cuda_graphs):
-            _fail(owner, "sim_skip_model", True, "False with speculative decoding, profile_steps or cuda_graphs: they need the real model")
+            fail(owner, "sim_skip_model", True, "False with speculative decoding, profile_steps or cuda_graphs: they need the real model")
 
 
 MAX_LOGPROBS = 20                        # most top log-probabilities one token may return (vLLM's default max_logprobs)
@@ -160,7 +140,7 @@ MAX_LOGPROBS = 20                        # most top log-probabilities one token 
 def _check_range(owner: str, name: str, value, low: float, high: float, open_low: bool = False):
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value
             or not (low < value if open_low else low <= value) or value > high):
-        _fail(owner, name, value, f"a number {'>' if open_low else '>='} {low:g}" if high == float("inf")
+        fail(owner, name, value, f"a number {'>' if open_low else '>='} {low:g}" if high == float("inf")
               else f"a number in {'(' if open_low else '['}{low:g}, {high:g}]")
 
 
@@ -187,14 +167,14 @@ class SamplingParams:
 
     def __post_init__(self):
         owner = "SamplingParams"
-        _check_int(owner, "max_new_tokens", self.max_new_tokens, 1)
-        _check_int(owner, "min_tokens", self.min_tokens, 0)
+        check_int(owner, "max_new_tokens", self.max_new_tokens, 1)
+        check_int(owner, "min_tokens", self.min_tokens, 0)
         if self.min_tokens > self.max_new_tokens:
-            _fail(owner, "min_tokens", self.min_tokens, f"at most max_new_tokens={self.max_new_tokens}")
-        _check_int(owner, "n", self.n, 1)
-        _check_number(owner, "temperature", self.temperature, 0.0)
+            fail(owner, "min_tokens", self.min_tokens, f"at most max_new_tokens={self.max_new_tokens}")
+        check_int(owner, "n", self.n, 1)
+        check_number(owner, "temperature", self.temperature, 0.0)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            _fail(owner, "top_k", self.top_k, "an integer >= 1, or 0 or -1 to keep every token")
+            fail(owner, "top_k", self.top_k, "an integer >= 1, or 0 or -1 to keep every token")
         _check_range(owner, "top_p", self.top_p, 0.0, 1.0, open_low=True)
         _check_range(owner, "min_p", self.min_p, 0.0, 1.0)
         _check_range(owner, "repetition_penalty", self.repetition_penalty, 0.0, float("inf"), open_low=True)
@@ -203,21 +183,21 @@ class SamplingParams:
         if self.logit_bias is not None and (not isinstance(self.logit_bias, dict) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(b, (int, float))
                 and not isinstance(b, bool) and -100 <= b <= 100 for t, b in self.logit_bias.items())):
-            _fail(owner, "logit_bias", self.logit_bias, "None or a dict of token id (>= 0) -> bias in [-100, 100]")
+            fail(owner, "logit_bias", self.logit_bias, "None or a dict of token id (>= 0) -> bias in [-100, 100]")
         if self.seed is not None:
-            _check_int(owner, "seed", self.seed, 0)
+            check_int(owner, "seed", self.seed, 0)
         if isinstance(self.stop_token_ids, int) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
-            _fail(owner, "stop_token_ids", self.stop_token_ids, "a sequence of non-negative token ids")
+            fail(owner, "stop_token_ids", self.stop_token_ids, "a sequence of non-negative token ids")
         self.stop_token_ids = tuple(self.stop_token_ids)
         if not isinstance(self.ignore_eos, bool):
-            _fail(owner, "ignore_eos", self.ignore_eos, "True or False")
+            fail(owner, "ignore_eos", self.ignore_eos, "True or False")
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            _fail(owner, "logprobs", self.logprobs, f"None, or an integer in [0, {MAX_LOGPROBS}] (top log-probabilities per token)")
+            fail(owner, "logprobs", self.logprobs, f"None, or an integer in [0, {MAX_LOGPROBS}] (top log-probabilities per token)")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            _fail(owner, "priority", self.priority, "an integer")
+            fail(owner, "priority", self.priority, "an integer")
 
     @property
     def greedy(self) -> bool:

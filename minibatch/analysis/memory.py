@@ -25,6 +25,7 @@ import torch
 from minibatch.config import KV_LAYOUTS, ConfigError
 from minibatch.engine.kv import blocks_for, kv_bytes_per_token
 from minibatch.engine.models import ModelShape, load_model_spec
+from minibatch.validate import check_choice, check_int
 
 GIB = 1 << 30
 
@@ -41,11 +42,8 @@ class KVShape:
 
     def __post_init__(self):
         for field in ("num_layers", "num_kv_heads", "head_dim"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"KVShape.{field}={value!r} is not allowed: an integer >= 1")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"KVShape.dtype={self.dtype!r} is not allowed: choose 'float32', 'bfloat16' or 'float16'")
+            check_int("KVShape", field, getattr(self, field), 1)
+        check_choice("KVShape", "dtype", self.dtype, ("float32", "bfloat16", "float16"))
 
     @property
     def bytes_per_token(self) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from minibatch.config import ConfigError
 from minibatch.analysis.metrics import RunReport, percentile
 from minibatch.engine.records import RequestMetrics
+from minibatch.validate import check_number
 
 METRICS = ("ttft", "tpot", "e2e")
 
@@ -32,10 +33,9 @@ class SLA:
     def __post_init__(self):
         for name in ("ttft_s", "tpot_s", "e2e_s"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-                raise ConfigError(f"SLA.{name}={value!r} is not allowed: a number of seconds > 0, or None for no limit")
-        if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float)) or not 0 < self.percentile <= 100:
-            raise ConfigError(f"SLA.percentile={self.percentile!r} is not allowed: a number in (0, 100]")
+            if value is not None:
+                check_number("SLA", name, value, 0, strict=True, allowed="a number of seconds > 0, or None for no limit")
+        check_number("SLA", "percentile", self.percentile, 0, strict=True, maximum=100)
         if self.limits() == {}:
             raise ConfigError("SLA() with every limit None is not allowed: set at least one of ttft_s, tpot_s, e2e_s")
 

@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 from minibatch.config import ConfigError, SamplingParams
 from minibatch.engine.arrivals import Arrivals
 from minibatch.workloads.distributions import (AllAtOnce, Bursts, Empirical, Exponential, Fixed, LogNormal,  # noqa: F401
-                                     Poisson, Uniform)
+                                               Poisson, Uniform)
+from minibatch.validate import check_int, check_number
 
 PROMPTS_FILE = Path(__file__).resolve().parent / "prompts" / "prompts.json"
 
@@ -42,8 +43,7 @@ class WorkloadRequest:
     params: SamplingParams
 
     def __post_init__(self):
-        if isinstance(self.arrival_s, bool) or not isinstance(self.arrival_s, (int, float)) or not self.arrival_s >= 0:
-            raise ConfigError(f"WorkloadRequest.arrival_s={self.arrival_s!r} is not allowed: a number >= 0")
+        check_number("WorkloadRequest", "arrival_s", self.arrival_s, 0.0)
 
     def to_json(self) -> dict:
         params = {k: v for k, v in asdict(self.params).items() if v != getattr(SamplingParams(), k)}
@@ -138,10 +138,8 @@ class ClosedLoop:
     seed: int = 0        # seed of the think times
 
     def __post_init__(self):
-        if isinstance(self.users, bool) or not isinstance(self.users, int) or self.users < 1:
-            raise ConfigError(f"ClosedLoop.users={self.users!r} is not allowed: an integer >= 1")
-        if isinstance(self.think_s, bool) or not isinstance(self.think_s, (int, float)) or not self.think_s >= 0:
-            raise ConfigError(f"ClosedLoop.think_s={self.think_s!r} is not allowed: a number >= 0")
+        check_int("ClosedLoop", "users", self.users, 1)
+        check_number("ClosedLoop", "think_s", self.think_s, 0.0)
 
     def run(self, llm, workload: list[WorkloadRequest], use_tqdm: bool = True):
         """Serve the workload's requests in order (their arrival_s is ignored) and return the RunReport."""

@@ -18,13 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minibatch.config import ConfigError
-
-
-def _positive(owner: str, name: str, value, integer: bool = False, minimum: float = 0.0, allow_equal: bool = False):
-    bad = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float)) or value != value
-    if bad or value < minimum or (value == minimum and not allow_equal):
-        kind = "an integer" if integer else "a number"
-        raise ConfigError(f"{owner}.{name}={value!r} is not allowed: {kind} {'>=' if allow_equal else '>'} {minimum}")
+from minibatch.validate import check_int, check_number
 
 
 def _capped(values: np.ndarray, cap: int | None) -> np.ndarray:
@@ -49,7 +43,7 @@ class Poisson:
     rate: float  # mean requests per second
 
     def __post_init__(self):
-        _positive("Poisson", "rate", self.rate)
+        check_number("Poisson", "rate", self.rate, 0.0, strict=True)
 
     def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
         gaps = rng.exponential(1.0 / self.rate, size=n)
@@ -64,8 +58,8 @@ class Bursts:
     every_s: float   # seconds between bursts
 
     def __post_init__(self):
-        _positive("Bursts", "size", self.size, integer=True, minimum=1, allow_equal=True)
-        _positive("Bursts", "every_s", self.every_s)
+        check_int("Bursts", "size", self.size, 1)
+        check_number("Bursts", "every_s", self.every_s, 0.0, strict=True)
 
     def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return (np.arange(n) // self.size) * float(self.every_s)
@@ -80,7 +74,7 @@ class Fixed:
     value: int
 
     def __post_init__(self):
-        _positive("Fixed", "value", self.value, integer=True, minimum=1, allow_equal=True)
+        check_int("Fixed", "value", self.value, 1)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, self.value, dtype=np.int64)
@@ -94,8 +88,8 @@ class Uniform:
     high: int
 
     def __post_init__(self):
-        _positive("Uniform", "low", self.low, integer=True, minimum=1, allow_equal=True)
-        _positive("Uniform", "high", self.high, integer=True, minimum=self.low, allow_equal=True)
+        check_int("Uniform", "low", self.low, 1)
+        check_int("Uniform", "high", self.high, self.low)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.integers(self.low, self.high + 1, size=n)
@@ -109,9 +103,9 @@ class Exponential:
     cap: int | None = None    # longest length drawn; None draws without limit
 
     def __post_init__(self):
-        _positive("Exponential", "mean", self.mean)
+        check_number("Exponential", "mean", self.mean, 0.0, strict=True)
         if self.cap is not None:
-            _positive("Exponential", "cap", self.cap, integer=True, minimum=1, allow_equal=True)
+            check_int("Exponential", "cap", self.cap, 1)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return _capped(np.ceil(rng.exponential(self.mean, size=n)), self.cap)
@@ -126,10 +120,10 @@ class LogNormal:
     cap: int | None = None    # longest length drawn; None draws without limit
 
     def __post_init__(self):
-        _positive("LogNormal", "median", self.median)
-        _positive("LogNormal", "sigma", self.sigma, allow_equal=True)
+        check_number("LogNormal", "median", self.median, 0.0, strict=True)
+        check_number("LogNormal", "sigma", self.sigma, 0.0)
         if self.cap is not None:
-            _positive("LogNormal", "cap", self.cap, integer=True, minimum=1, allow_equal=True)
+            check_int("LogNormal", "cap", self.cap, 1)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return _capped(np.rint(rng.lognormal(np.log(self.median), self.sigma, size=n)), self.cap)
@@ -146,7 +140,7 @@ class Empirical:
         if not values:
             raise ConfigError("Empirical.values=() is not allowed: give at least one length")
         for v in values:
-            _positive("Empirical", "values[...]", v, integer=True, minimum=1, allow_equal=True)
+            check_int("Empirical", "values[...]", v, 1)
         object.__setattr__(self, "values", values)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
