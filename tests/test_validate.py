@@ -29,7 +29,8 @@ def test_check_number_accepts_exactly_the_numbers_in_range(value, minimum, stric
     else:
         with pytest.raises(ConfigError) as refused:
             check_number("Owner", "field", value, minimum, strict=strict)
-        assert str(refused.value) == f"Owner.field={value!r} is not allowed: a number {'>' if strict else '>='} {minimum}"
+        relation = ">" if strict else ">="
+        assert str(refused.value) == f"Owner.field={value!r} is not allowed: a number {relation} {minimum}"
 
 
 @given(ANYTHING)
