@@ -8,11 +8,8 @@ on. The last line is a one-line summary an instructor collects from every laptop
 The exit code is 1 when any check fails, else 0. `--quick` skips starting a Jupyter kernel and asks the
 `tiny` model instead of SmolLM2-135M; `--json` prints every check as JSON instead.
 
-What the course needs: chapter 09's profiling cell, run alone with the peak resident memory read from
-`resource.getrusage`, peaks at 1.1 GiB on SmolLM2-135M and 2.5 GiB on the 360M shape, about 6.4 bytes
-per weight (4 for the fp32 weight, the rest the engine's packed copies of q/k/v and gate/up). Every
-chapter but 09 serves the 135M model, so 2 to 3 GiB with JupyterLab; chapter 09 also loads random
-weights shaped like SmolLM2-1.7B, which by the same rate peaks near 11 GiB.
+What the course needs in memory is measured per chapter (minibatch/analysis/course_memory.py): the memory
+check compares this machine with the largest chapter, and `--memory` prints the table.
 """
 from __future__ import annotations
 
@@ -24,10 +21,10 @@ import socket
 import sys
 from dataclasses import asdict, dataclass
 
+from minibatch.analysis import course_memory
+
 MIN_PYTHON = (3, 11)
 GIB = 2 ** 30
-COURSE_GIB = 3           # every chapter except 08: the 135M model, JupyterLab and a browser tab
-CHAPTER_09_GIB = 12      # chapter 09's 1.7B-shaped model (~11 GiB peak) and the rest of the machine
 DISK_GIB = 3             # .venv (1.8 GB), the converted model (0.5 GB), test artifacts
 SERVE_PORT = 8000        # chapter 14's terminal command `python -m minibatch serve --port 8000`
 KERNEL_TIMEOUT_S = 60
@@ -67,18 +64,21 @@ def memory_gib() -> tuple[float, float]:
 
 def check_memory() -> Check:
     total, available = memory_gib()
-    detail = f"{total:.0f} GiB RAM, {available:.1f} GiB available now"
-    if total < COURSE_GIB:
-        return Check("memory", "fail", detail + f"; the course needs about {COURSE_GIB} GiB",
-                     "use a machine with at least 4 GB of RAM (8 GB for comfort)")
-    if total < CHAPTER_09_GIB:
-        return Check("memory", "warn", detail + f"; chapter 09 needs about {CHAPTER_09_GIB} GiB "
-                     "(a 1.7B-shaped model), every other chapter about 3 GiB",
-                     "skip chapter 09's model-size cell (or read it on a neighbour's screen); close other "
-                     "programs before the other chapters")
-    if available < COURSE_GIB:
+    chapter, peak = course_memory.largest()
+    need = peak + course_memory.DESKTOP_GIB   # the largest chapter's kernel, JupyterLab and a browser tab
+    detail = (f"{total:.0f} GiB RAM, {available:.1f} GiB available now; "
+              f"the largest chapter ({chapter}) peaks at {peak:.1f} GiB")
+    if total < need:
+        over = ", ".join(course_memory.chapters_over(total - course_memory.DESKTOP_GIB))
+        return Check("memory", "fail" if total < peak else "warn", detail + f"; too little for: {over}",
+                     f"use a machine with at least {need:.0f} GB of RAM; meanwhile close every "
+                     "other program and keep one notebook open at a time (`doctor --memory` lists the chapters)")
+    optional = course_memory.chapters_over(total - course_memory.DESKTOP_GIB)
+    if optional:
+        detail += f"; leave off: {', '.join(optional)}"
+    if available < need:
         return Check("memory", "warn", detail, "close other programs (browser tabs, IDEs) to free memory")
-    return Check("memory", "ok", detail + f" (chapter 09 needs ~{CHAPTER_09_GIB}, the others ~{COURSE_GIB})")
+    return Check("memory", "ok", detail)
 
 
 def check_disk(path: str | None = None) -> Check:
@@ -260,9 +260,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="skip the Jupyter kernel and ask the tiny model "
                         "instead of SmolLM2-135M (a few seconds)")
     parser.add_argument("--json", action="store_true", help="print the checks and the summary as JSON")
+    parser.add_argument("--memory", action="store_true", help="print what each chapter needs in memory and stop")
 
 
 def main(args) -> int:
+    if args.memory:
+        print(course_memory.table())
+        return 0
     checks = run_checks(quick=args.quick)
     summary = summary_line(checks, quick=args.quick)
     if args.json:
