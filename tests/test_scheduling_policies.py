@@ -8,11 +8,14 @@ every request finishes exactly once and every block is free at the end. Fairness
 clock: with aging a long prompt's wait is bounded under a steady stream of short ones; without
 aging it starves for as long as the stream lasts.
 """
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest
+from minibatch.checks import check_policy_lab
 from minibatch.llm import make_engine
 from tests.conftest import reference_greedy
 from tests.test_engine_correctness import NEW, PROMPTS
@@ -185,3 +188,40 @@ def test_without_aging_a_long_prompt_starves_while_the_stream_lasts():
                 assert all(r.first_scheduled_time < long.first_scheduled_time for r in shorts), "it did not starve"
     assert waits[0.0, 80] >= waits[0.0, 40] + 40 * 3          # every extra short (3 steps each) came first
     assert waits[100.0, 80] == waits[100.0, 40] < waits[0.0, 40]
+
+
+# ---- the open lab's checker (chapter 11, exercise 3) ------------------------------------------
+
+@pytest.mark.parametrize("answer, words", [
+    (lambda base: replace(base, scheduling_policy="priority"), ["document: p99 TTFT", "over the limit of 60 s"]),
+    (lambda base: base, ["scheduling_policy='fcfs' misses", "chat: p99 TTFT", "over the limit of 15 s"]),
+    (lambda base: replace(base, scheduling_policy="shortest_prompt", aging_tokens_per_s=0.0), ["chat: p99 TTFT"]),
+    (lambda base: replace(base, scheduling_policy="shortest_prompt", max_batch_size=64), ["max_batch_size changed"]),
+    (lambda base: "shortest_prompt", ["must return an EngineConfig", "'shortest_prompt'"]),
+    (lambda base: replace(base, aging_tokens_per_s=-1.0), ["refuses", "aging_tokens_per_s=-1.0"]),
+])
+def test_policy_lab_checker_catches_planted_mistakes(answer, words):
+    with pytest.raises(AssertionError) as err:
+        check_policy_lab(answer)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_policy_lab_has_an_answer_and_fcfs_and_priority_each_miss_a_class():
+    from minibatch.analysis.fairness import LAB_BASE, LAB_LIMITS, lab_score
+    assert check_policy_lab(lambda base: replace(base, scheduling_policy="shortest_prompt",
+                                                 aging_tokens_per_s=20.0)).solved
+    fcfs, priority = lab_score(LAB_BASE), lab_score(replace(LAB_BASE, scheduling_policy="priority"))
+    assert fcfs["chat"]["p99_ttft_s"] > LAB_LIMITS["chat"] >= priority["chat"]["p99_ttft_s"]
+    assert priority["document"]["p99_ttft_s"] > LAB_LIMITS["document"] >= fcfs["document"]["p99_ttft_s"]
+
+
+def test_mixed_workload_refuses_a_rush_outside_its_duration():
+    from minibatch.config import ConfigError
+    from minibatch.workloads.mixed import chat_and_documents
+    with pytest.raises(ConfigError, match=r"rush=\(250.0, 100.0\) is not allowed.*duration_s=300.0"):
+        chat_and_documents(duration_s=300.0, rush=(250.0, 100.0))
+    requests, classes = chat_and_documents(duration_s=60.0, rush=(10.0, 20.0), seed=3)
+    assert len(requests) == len(classes) and set(classes) == {"chat", "document"}
+    assert [w.arrival_s for w in requests] == sorted(w.arrival_s for w in requests)
+    assert all(w.params.priority == (0 if k == "chat" else 1) for w, k in zip(requests, classes))

@@ -17,6 +17,7 @@ from minibatch.checks.core import Case, CheckResult, check_cases, checker, descr
 from minibatch.checks.static_batching import Queued, check_admit_static, check_held_slot_steps
 from minibatch.checks.continuous_batching import Running, Waiting, check_join_leave
 from minibatch.checks.sla import check_latency_metrics, check_pick_config
+from minibatch.checks.policies import check_policy_lab
 from minibatch.checks.small_models import check_batch_for_fixed_share, check_overhead_share
 from minibatch.checks.speculation import check_speculation_speedup, check_verify_greedy
 from minibatch.checks.serving import check_read_load
