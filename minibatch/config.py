@@ -53,8 +53,7 @@ class EngineConfig:
     speculative_layers: int | None = None  # method "layer_skip": layers the draft runs before the LM head; None takes half
     ngram_prompt_lookup_max: int = 4     # method "ngram": the longest suffix n-gram looked up in the prompt and output
     ngram_prompt_lookup_min: int = 1     # method "ngram": the shortest one tried before giving up
-    scheduling_policy: str = "fcfs"      # who waits least: "fcfs" (arrival order), "priority" (SamplingParams.priority,
-                                         # lower first, may preempt), "shortest_prompt" (fewest tokens to prefill, aged)
+    scheduling_policy: str = "fcfs"      # "fcfs" (arrival order), "priority" (SamplingParams.priority, lower first, preempts), "shortest_prompt" (aged)
     aging_tokens_per_s: float = 100.0    # "shortest_prompt": each second waited counts as this many prompt tokens fewer; 0 ages nothing
     long_prefill_token_threshold: int = 0  # most prompt tokens one request prefills in a step; 0: no cap but the budget (vLLM)
 

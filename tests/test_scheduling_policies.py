@@ -41,6 +41,22 @@ def test_greedy_matches_generate_under_each_policy(references, policy, max_batch
         assert max(s.num_prefill_tokens for s in llm.engine.step_records) <= cap * max_batch_size
 
 
+@pytest.mark.parametrize("policy", ["priority", "shortest_prompt"])
+def test_policies_with_prefix_caching_match_generate(tiny_hf, policy):
+    """Prompts sharing a prefix, a pool small enough to preempt, a prefill cap: the cache, the policy and
+    the cap together still give generate()'s tokens."""
+    model, _ = tiny_hf
+    shared = list(range(30, 62))
+    prompts = [shared + [5 + i] * (3 + 7 * i) for i in range(5)]
+    llm = LLM(EngineConfig(model="tiny", scheduling_policy=policy, enable_prefix_caching=True, max_batch_size=3,
+                           block_size=4, num_kv_blocks=40, long_prefill_token_threshold=8))
+    priorities = [2, 0, 1, 0, 2] if policy == "priority" else [0] * 5
+    outs = llm.generate(prompts, [SamplingParams(max_new_tokens=16, priority=p) for p in priorities], use_tqdm=False)
+    assert [o.token_ids for o in outs] == [reference_greedy(model, p, 16) for p in prompts]
+    assert sum(o.metrics.num_preemptions for o in outs) > 0, "the pool was meant to force preemption"
+    assert sum(o.metrics.num_cached_tokens for o in outs) > 0, "the shared prefix was meant to be reused"
+
+
 @pytest.mark.parametrize("short_of, config", [("slots", dict(max_batch_size=2)),
                                               ("blocks", dict(max_batch_size=6, num_kv_blocks=30))])
 def test_priority_preempts_lower_ranked_running_requests(references, short_of, config):
