@@ -237,3 +237,16 @@ def test_bench_compares_cache_on_and_off_and_skips_a_missing_vllm(monkeypatch):
     assert on["hit_rate"] > 0 and on["mean_ttft_s"] < off["mean_ttft_s"]      # the simulated clock: same every run
     monkeypatch.setattr(prefix.importlib.util, "find_spec", lambda name: None)
     assert prefix.vllm_rows("tiny", [w.prompt for w in workload], 4) is None
+
+
+def test_prefix_cache_panel_compares_off_and_on_and_follows_its_sliders():
+    from minibatch.widgets import PrefixCachePanel
+
+    panel = PrefixCachePanel(model="tiny", system_len=128, num_system_prompts=1, num_kv_blocks=256)
+    off, on = panel.numbers["off"], panel.numbers["on"]
+    assert off["cached_tokens"] == 0 < on["cached_tokens"] and on["prefill_tokens"] < off["prefill_tokens"]
+    assert off["prefill_tokens"] - on["prefill_tokens"] == on["cached_tokens"]
+    assert panel.image.value[:4] == b"\x89PNG" and "shared" in panel.figure().axes[0].get_title()
+    one_prompt = on["hit_rate"]
+    panel.prompts.value = 16
+    assert panel.numbers["on"]["hit_rate"] < one_prompt

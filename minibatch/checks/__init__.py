@@ -28,3 +28,4 @@ from minibatch.checks.capstone import check_capstone
 from minibatch.checks.why_batch import check_roofline_tokens_per_s
 from minibatch.checks.chunking import check_long_prompt_ttft, check_pick_token_budget
 from minibatch.checks.slm_vs_llm import check_saturating_batch
+from minibatch.checks.prefix_caching import check_prefix_hits

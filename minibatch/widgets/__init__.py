@@ -8,3 +8,4 @@ from minibatch.widgets.kv_map import BlockTableExplorer, KVMapScrubber
 from minibatch.widgets.chunking import ChunkingPanel
 from minibatch.widgets.playground import PlaygroundPanel
 from minibatch.widgets.load_sweep import LoadSweepPanel
+from minibatch.widgets.prefix_cache import PrefixCachePanel

@@ -4,7 +4,8 @@ Every request to an assistant starts with the same instructions (the system prom
 user's own words. `shared_prompt_workload` draws such requests as token ids, so lengths are exact:
 `num_system_prompts` system prompts of `system_len` tokens each (cut from the shipped texts at
 different places, so no two share even their first block), each request taking one of them at
-random and then one of the shipped questions, arriving as `arrival` says.
+random and then a user turn of its own (one of the shipped questions, after the user's number, so no
+two requests share more than their system prompt), arriving as `arrival` says.
 
     shared_prompt_workload(llm.tokenizer, 40, system_len=256, num_system_prompts=2, arrival=Poisson(4.0))
 """
@@ -33,11 +34,12 @@ def shared_prompt_workload(tokenizer, num_requests: int, system_len: int = 256, 
             raise ConfigError(f"{name}={value!r} is not allowed: an integer >= {low}")
     rng_arrival, rng_prompt, rng_out = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     systems = system_prompts(tokenizer, num_system_prompts, system_len)
-    questions = [tokenizer.encode(f"\n\nUser: {q}\nAssistant:", add_special_tokens=False)
-                 for q in load_prompts("question")]
+    questions = load_prompts("question")
     times = arrival.times(rng_arrival, num_requests)
     which = rng_prompt.integers(0, num_system_prompts, size=num_requests)
     asked = rng_prompt.integers(0, len(questions), size=num_requests)
     outputs = output_len.sample(rng_out, num_requests)
-    return [WorkloadRequest(float(t), systems[s] + questions[q], SamplingParams(max_new_tokens=int(n), ignore_eos=True))
-            for t, s, q, n in zip(times, which, asked, outputs)]
+    turns = [tokenizer.encode(f"\n\nUser {i}: {questions[q]}\nAssistant:", add_special_tokens=False)
+             for i, q in enumerate(asked)]
+    return [WorkloadRequest(float(t), systems[s] + turn, SamplingParams(max_new_tokens=int(n), ignore_eos=True))
+            for t, s, turn, n in zip(times, which, turns, outputs)]
