@@ -21,7 +21,7 @@ PEAK_GIB: dict[str, float | None] = {   # chapter (its notebook's name without t
     "prefix_caching": None,           # not measured yet: the chapter is being written
     "kernels": 2.7,
     "small_model_specifics": 4.5,     # 135M and the 360M shape; 15.1 GiB when it also loaded the 1.7B shape
-    "edge_batch_of_one": 6.4,         # several SmolLM2-135M engines side by side (server, edge, speculative)
+    "edge_batch_of_one": 5.2,         # several SmolLM2-135M engines side by side (server, edge, speculative)
     "batching_config_and_sla": 2.6,
     "monitoring": 1.6,
     "slm_vs_llm_batching": 3.1,
