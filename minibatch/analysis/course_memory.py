@@ -18,7 +18,7 @@ PEAK_GIB: dict[str, float | None] = {   # chapter (its notebook's name without t
     "throughput_vs_latency": 2.7,
     "prefill_vs_decode": 2.8,
     "kv_cache_and_memory": 1.7,
-    "prefix_caching": None,           # not measured yet: the chapter is being written
+    "prefix_caching": 3.0,
     "kernels": 2.7,
     "small_model_specifics": 4.5,     # 135M and the 360M shape; 15.1 GiB when it also loaded the 1.7B shape
     "edge_batch_of_one": 5.2,         # several SmolLM2-135M engines side by side (server, edge, speculative)
