@@ -27,22 +27,17 @@ up to --shutdown-timeout seconds, ends the rest with an error, and exits with st
 """
 from __future__ import annotations
 
-import atexit
-import ctypes
 import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-import httpx
 import uvicorn
 
 from minibatch.config import ConfigError, EngineConfig
+from minibatch.serving.child import ChildServer, free_port
 from minibatch.llm import make_engine
 from minibatch.serving.monitoring import engine_metrics
 from minibatch.serving.app import OpenAIServer, build_app
@@ -142,18 +137,7 @@ class ServerThread:
         self.stop()
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec (Linux): get SIGTERM if the parent dies, even if it is killed."""
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)       # 1 = PR_SET_PDEATHSIG
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
+class ServerProcess(ChildServer):
     """`python -m minibatch serve <flags>` in a child process on a free loopback port.
 
         with ServerProcess("--model", "tiny") as server:
@@ -161,49 +145,8 @@ class ServerProcess:
     """
 
     def __init__(self, *flags: str, host: str = "127.0.0.1", port: int | None = None, ready_timeout_s: float = 300):
-        self.port = port or free_port(host)
-        self.url = f"http://{host}:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="minibatch-serve-", suffix=".log")
-        command = [sys.executable, "-m", "minibatch", "serve", "--host", host, "--port", str(self.port), *flags]
+        port = port or free_port(host)
+        command = [sys.executable, "-m", "minibatch", "serve", "--host", host, "--port", str(port), *flags]
         here = str(Path(__file__).resolve().parent.parent)    # run this very minibatch, installed or not
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        atexit.register(self.stop)        # never leave a server behind when this process ends
-        self.wait_ready(ready_timeout_s)
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with status {self.process.returncode}:\n{self.output()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"the server did not become healthy in {timeout_s} s:\n{self.output()[-3000:]}")
-
-    def stop(self, timeout_s: float = 60) -> int:
-        """SIGTERM, then wait for a graceful exit (kill after timeout_s); returns the exit status."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-        self.log.close()
+        super().__init__(command, f"http://{host}:{port}", env, ready_timeout_s, "minibatch-serve-")
