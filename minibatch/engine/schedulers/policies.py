@@ -26,13 +26,10 @@ from minibatch.engine.request import Request
 
 
 class FCFS:
-    """Arrival order; the preempted wait at the head of the queue; the newest running request gives way."""
+    """Arrival order; the preempted wait at the head of the queue; the newest running request gives way.
+    The queue's own order is the policy, so it ranks nothing."""
 
-    reorders = False          # the queue's own order is the policy's: no ranking needed
     forces_preemption = False  # a waiting request never takes a running one's place
-
-    def rank(self, request: Request, now: float) -> tuple:
-        return (request.arrival_time, request.request_id)
 
     def next_waiting(self, waiting, now: float) -> Request:
         return waiting[0]
@@ -47,7 +44,6 @@ class FCFS:
 class Priority(FCFS):
     """(priority, arrival): lower values first; the worst-ranked running request is preempted."""
 
-    reorders = True
     forces_preemption = True
 
     def rank(self, request: Request, now: float) -> tuple:
