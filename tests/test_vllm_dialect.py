@@ -180,3 +180,18 @@ def test_priority_in_the_body_reaches_the_engine():
                                 "priority": 5})
         assert done.status_code == 200 and chat.status_code == 200, (done.text, chat.text)
     assert seen == [-3, 5]
+
+
+def test_usage_reports_the_prompt_tokens_the_prefix_cache_held():
+    system = "You are a careful assistant who answers in one short sentence. " * 2      # tiny: one token per byte
+    with ServerThread(EngineConfig(**TINY, enable_prefix_caching=True, block_size=16)) as running:
+        cached = []
+        for question in ("Why is the sky blue?", "Why is the sea salty?"):
+            body = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "system", "content": system},
+                                                                    {"role": "user", "content": question}]}
+            cached.append(httpx.post(running.url + "/v1/chat/completions", json=body, timeout=60).json()
+                          ["usage"]["prompt_tokens_details"]["cached_tokens"])
+            streamed = sse(running.url, "/v1/chat/completions", {**body, "stream": True,
+                                                                   "stream_options": {"include_usage": True}})
+            assert streamed[-2]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0   # the same prompt again
+    assert cached[0] == 0 and cached[1] >= 16 * (len(system) // 16 - 1)    # the shared system prompt's full blocks

@@ -34,6 +34,7 @@ class Update:
     finish_reason: str | None = None  # "stop" or "length" on the last update
     error: str | None = None        # set instead when the server ended the request (shutdown)
     logprobs: list[TokenLogprob] | None = None  # the tokens produced since the last update, if asked for
+    num_cached_tokens: int = 0      # prompt tokens found in the prefix cache (vLLM's usage.prompt_tokens_details)
 
 
 class Job:
@@ -190,11 +191,12 @@ class EngineThread(Arrivals):
                 self._end_early(request, "stop")   # a stop string: end it now, its blocks go back
             if request.is_finished:
                 job.push(Update(job.index, delta, n, "stop" if stopped else request.finish_reason,
-                                logprobs=self._new_logprobs(job)))
+                                logprobs=self._new_logprobs(job), num_cached_tokens=request.num_cached_tokens))
                 del self._active[rid]
                 self.engine.release(request)
             elif delta:
-                job.push(Update(job.index, delta, n, logprobs=self._new_logprobs(job)))
+                job.push(Update(job.index, delta, n, logprobs=self._new_logprobs(job),
+                                num_cached_tokens=request.num_cached_tokens))
 
     def _new_logprobs(self, job: Job) -> list[TokenLogprob] | None:
         """The log-probabilities of the tokens produced since the job's last update, with their texts."""

@@ -3,7 +3,8 @@
 The n continuations of a request (its choices) run as separate engine requests and report into one
 queue; `Reply` keeps what each has produced, so the handler can stream every update as a chunk of
 its choice, or wait until all have ended and answer with the whole response. Usage counts the
-prompt once and the completion tokens of every choice, as vLLM does.
+prompt once and the completion tokens of every choice, as vLLM does, and the prompt tokens the
+prefix cache held (`prompt_tokens_details.cached_tokens`).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class Reply:
         self.num_tokens = [0] * n
         self.ended = [False] * n
         self._offset = [0] * n                          # characters of the choice's text already streamed
+        self.num_cached_tokens = 0                      # prompt tokens the prefix cache held (the first choice's)
 
     @property
     def finished(self) -> bool:
@@ -32,9 +34,11 @@ class Reply:
             self.logprobs[i] = (self.logprobs[i] or []) + update.logprobs
         if update.finish_reason:
             self.finish_reasons[i], self.ended[i] = update.finish_reason, True
+        if i == 0:
+            self.num_cached_tokens = update.num_cached_tokens
 
     def usage(self) -> dict:
-        return usage(self.num_prompt, sum(self.num_tokens))
+        return usage(self.num_prompt, sum(self.num_tokens), self.num_cached_tokens)
 
     def _logprobs(self, entries, offset: int) -> dict | None:
         if entries is None:
