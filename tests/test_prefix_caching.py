@@ -235,8 +235,10 @@ def test_bench_compares_cache_on_and_off_and_skips_a_missing_vllm(monkeypatch):
     assert off["cached_tokens"] == 0 and on["cached_tokens"] > 0
     assert off["prefill_tokens"] - on["prefill_tokens"] == on["cached_tokens"]
     assert on["hit_rate"] > 0 and on["mean_ttft_s"] < off["mean_ttft_s"]      # the simulated clock: same every run
-    monkeypatch.setattr(prefix.importlib.util, "find_spec", lambda name: None)
-    assert prefix.vllm_rows("tiny", [w.prompt for w in workload], 4) is None
+    monkeypatch.setenv("MINIBATCH_VLLM", "/no/vllm/here")                   # over HTTP: vLLM's rows are skipped
+    rows = prefix.http_rows(EngineConfig(model="tiny", block_size=8), workload)
+    assert [r["engine"] for r in rows] == ["minibatch cache off", "minibatch cache on"]
+    assert not any(r["failed"] for r in rows)
 
 
 def test_prefix_cache_panel_compares_off_and_on_and_follows_its_sliders():

@@ -5,15 +5,16 @@ prefix cache reset before each run, so every run starts cold), `reps` times, int
 returns one row per engine: prefill tokens computed, tokens served from the cache, the hit rate
 (vLLM's prefix_cache_hits / prefix_cache_queries), median and mean TTFT and output tokens/s
 (medians over the repetitions). Greedy tokens must be the same with the cache on and off, and this
-is checked. Where vLLM is installed, its CPU build serves the same prompts with its own prefix
-caching on and off (offline: tokens/s and cached tokens); where it is not, it is skipped.
+is checked. `--http` serves the same workload over HTTP with the load generator, from `minibatch
+serve` and, when `make peer-vllm` has installed it, from `vllm serve` (vLLM-CPU, its own prefix
+caching on and off, the same knobs), one server after the other; without vLLM its rows are skipped.
 
-    python -m minibatch prefix --system-len 256 --requests 16
+    python -m minibatch prefix --system-len 256 --requests 16 [--http]
 """
 from __future__ import annotations
 
-import importlib.util
 import statistics
+from dataclasses import replace
 
 from minibatch.workloads import Poisson
 from minibatch.workloads.shared_prefix import shared_prompt_workload
@@ -50,33 +51,28 @@ def compare_prefix_caching(llms: dict, workload, reps: int = 2) -> list[dict]:
     return rows
 
 
-def vllm_model(name: str) -> str:
-    """What vLLM loads for a minibatch model name: the converted folder of the default SLM, else the name itself."""
-    if name == "smollm2-135m":
-        from minibatch.engine.models.smollm2 import default_model_dir
-        return str(default_model_dir())
-    return name
+def http_rows(config, workload) -> list[dict]:
+    """The workload over HTTP, cache off then on: from minibatch's server, then vLLM-CPU's when installed."""
+    from minibatch.serving import loadtest
+    from minibatch.serving.peers import VllmServer, vllm_executable
+    from minibatch.serving.server import ServerProcess
 
+    def minibatch_server(on):
+        return ServerProcess("--model", config.model, "--max-batch-size", str(config.max_batch_size),
+                             "--block-size", str(config.block_size),
+                             "--enable-prefix-caching" if on else "--no-enable-prefix-caching")
 
-def vllm_rows(model_folder: str, prompts: list[list[int]], max_new_tokens: int) -> list[dict] | None:
-    """vLLM-CPU with enable_prefix_caching off and on, offline, on the same token ids; None if vLLM is not installed."""
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    import time
-
-    from vllm import LLM as VLLM, SamplingParams as VParams, TokensPrompt
-
+    servers = {"minibatch": minibatch_server}
+    if vllm_executable() is not None:
+        servers["vllm-cpu"] = lambda on: VllmServer(replace(config, enable_prefix_caching=on))
     rows = []
-    for on in (False, True):
-        llm = VLLM(model=model_folder, enable_prefix_caching=on, dtype="float32", max_model_len=2048)
-        params = VParams(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
-        start = time.perf_counter()
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        seconds = time.perf_counter() - start
-        rows.append({"engine": f"vllm-cpu cache {'on' if on else 'off'}",
-                     "cached_tokens": sum(o.num_cached_tokens or 0 for o in outs),
-                     "tok_s": sum(len(o.outputs[0].token_ids) for o in outs) / seconds})
-        del llm
+    for name, start in servers.items():
+        for on in (False, True):
+            with start(on) as server:
+                loadtest.run(server.url, workload[-1:], use_tqdm=False)      # warm-up; its prompt differs in its turn
+                s = loadtest.run(server.url, workload, use_tqdm=False).summary()
+            rows.append({"engine": f"{name} cache {'on' if on else 'off'}", "p50_ttft_s": s["p50_ttft_s"],
+                         "mean_ttft_s": s["mean_ttft_s"], "tok_s": s["throughput_tok_s"], "failed": s["failed"]})
     return rows
 
 
@@ -89,14 +85,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16, help="tokens per answer (default: 16)")
     parser.add_argument("--reps", type=int, default=2, help="interleaved runs of each engine (default: 2)")
     parser.add_argument("--clock", default="real", choices=("real", "simulated"), help="engine clock (default: real)")
+    parser.add_argument("--http", action="store_true",
+                        help="also over HTTP: minibatch serve, and vllm serve if make peer-vllm installed it")
 
 
 def main(args) -> int:
     from minibatch import LLM, EngineConfig
     from minibatch.workloads import Fixed
 
-    base = dict(model=args.model, max_batch_size=8, block_size=16, clock=args.clock)
-    llms = {f"cache {label}": LLM(EngineConfig(**base, enable_prefix_caching=on)) for label, on in
+    base_config = EngineConfig(model=args.model, max_batch_size=8, block_size=16, clock=args.clock)
+    llms = {f"cache {label}": LLM(replace(base_config, enable_prefix_caching=on)) for label, on in
             (("off", False), ("on", True))}
     tokenizer = next(iter(llms.values())).tokenizer
     workload = shared_prompt_workload(tokenizer, args.requests, args.system_len, args.system_prompts,
@@ -108,11 +106,13 @@ def main(args) -> int:
     for r in compare_prefix_caching(llms, workload, args.reps):
         print(f"{r['engine']:>14} {r['prefill_tokens']:11.0f} {r['cached_tokens']:10.0f} {r['hit_rate']:8.2f} "
               f"{r['p50_ttft_s']:10.3f} {r['mean_ttft_s']:11.3f} {r['ttft_ratio']:10.2f} {r['tok_s']:7.1f}")
-    peers = vllm_rows(vllm_model(args.model), [w.prompt for w in workload], args.max_new_tokens)
-    if peers is None:
-        print("vLLM-CPU: not installed, skipped (pip install vllm, CPU build, to set it beside minibatch)")
-    else:
-        for r in peers:
-            print(f"{r['engine']:>14} {'':>11} {r['cached_tokens']:10.0f} {'':>8} {'':>10} {'':>11} {'':>10} "
-                  f"{r['tok_s']:7.1f}")
+    if args.http:
+        from minibatch.serving.peers import vllm_executable
+
+        missing = "" if vllm_executable() else " (vLLM-CPU is not installed: make peer-vllm)"
+        print(f"over HTTP, one server after the other{missing}")
+        print(f"{'engine':>20} {'p50 TTFT s':>10} {'mean TTFT s':>11} {'tok/s':>7} {'failed':>6}")
+        for r in http_rows(base_config, workload):
+            print(f"{r['engine']:>20} {r['p50_ttft_s']:10.3f} {r['mean_ttft_s']:11.3f} {r['tok_s']:7.1f} "
+                  f"{r['failed']:6d}")
     return 0
