@@ -23,39 +23,60 @@ SPECULATIVE_METHODS = (None, "ngram", "draft", "layer_skip")
 SCHEDULING_POLICIES = ("fcfs", "priority", "shortest_prompt")
 
 
+def knob(default, help: str):
+    """An EngineConfig field and its help text: every field is also a `python -m minibatch serve` flag."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class EngineConfig:
     """How the engine loads the model, batches requests and stores the KV cache."""
 
-    model: str = "smollm2-135m"          # registry name ("smollm2-135m", "tiny", ...), a local folder or a hub id
-    device: str = "auto"                 # "auto" picks CUDA when torch sees a GPU, else the CPU
-    dtype: str = "auto"                  # "auto": float32 on CPU, bfloat16 on CUDA
-    scheduler: str = "continuous"        # "static" (wait for the longest), "continuous" (join/leave every step), "edge" (batch of one)
-    max_batch_size: int = 8              # most sequences in one step (vLLM: max_num_seqs)
-    batch_timeout_s: float = 0.0         # how long an idle engine waits to fill a batch before it starts
-    max_tokens_per_step: int = 512       # token budget of one step; longer prompts are prefilled in chunks (vLLM: max_num_batched_tokens)
-    block_size: int = 16                 # tokens per KV block (vLLM: block_size)
-    num_kv_blocks: int | None = None     # KV blocks in the pool; None derives it from kv_cache_memory_bytes
-    kv_cache_memory_bytes: int = 1 << 30  # memory budget for the KV cache when num_kv_blocks is None (1 GiB)
-    kv_layout: str = "paged"             # "paged" allocates blocks as tokens arrive; "contiguous" reserves max_model_len up front
-    enable_prefix_caching: bool = False  # share the KV blocks of a prompt prefix already computed (a system prompt), and keep them after use
-    max_model_len: int | None = None     # longest prompt + output; None takes the model's context, capped at 4096
-    attention_backend: str = "torch"     # "torch" (reference), "numba" (CPU kernels), "numba-cuda" (GPU kernels)
-    clock: str = "real"                  # "real" wall-clock time; "simulated" time from a cost model
-    sim_profile: str = "smollm2-135m-cpu"  # clock="simulated": the cost model, a shipped profile name or a profile JSON path
-    sim_skip_model: bool = False         # clock="simulated": skip the model, emit placeholder tokens, run each request to max_new_tokens
-    seed: int = 0                        # default seed for sampled requests that set none
-    profile_steps: bool = False          # time each step's phases and layer types (synchronising on CUDA); off keeps steps lean
-    cuda_graphs: bool = False            # replay decode steps from CUDA graphs captured per batch-size bucket (CUDA only; a no-op on CPU)
-    speculative_method: str | None = None  # speculative decoding: None (off), "ngram" (prompt lookup), "draft" (a smaller model), "layer_skip"
-    num_speculative_tokens: int = 4      # draft tokens k proposed, then verified in one forward pass of the model
-    speculative_model: str | None = None  # method "draft": the draft model (same tokenizer), a registry name or a folder
-    speculative_layers: int | None = None  # method "layer_skip": layers the draft runs before the LM head; None takes half
-    ngram_prompt_lookup_max: int = 4     # method "ngram": the longest suffix n-gram looked up in the prompt and output
-    ngram_prompt_lookup_min: int = 1     # method "ngram": the shortest one tried before giving up
-    scheduling_policy: str = "fcfs"      # "fcfs" (arrival order), "priority" (SamplingParams.priority, lower first, preempts), "shortest_prompt" (aged)
-    aging_tokens_per_s: float = 100.0    # "shortest_prompt": each second waited counts as this many prompt tokens fewer; 0 ages nothing
-    long_prefill_token_threshold: int = 0  # most prompt tokens one request prefills in a step; 0: no cap but the budget (vLLM)
+    model: str = knob("smollm2-135m", "registry name ('smollm2-135m', 'tiny', ...), a local folder or a hub id")
+    device: str = knob("auto", "'auto' picks CUDA when torch sees a GPU, else the CPU")
+    dtype: str = knob("auto", "'auto': float32 on CPU, bfloat16 on CUDA")
+    scheduler: str = knob("continuous", "'static' (wait for the longest), 'continuous' (join/leave every step), "
+                                        "'edge' (batch of one)")
+    max_batch_size: int = knob(8, "most sequences in one step (vLLM: max_num_seqs)")
+    batch_timeout_s: float = knob(0.0, "how long an idle engine waits to fill a batch before it starts")
+    max_tokens_per_step: int = knob(512, "token budget of one step; longer prompts are prefilled in chunks (vLLM: "
+                                         "max_num_batched_tokens)")
+    block_size: int = knob(16, "tokens per KV block (vLLM: block_size)")
+    num_kv_blocks: int | None = knob(None, "KV blocks in the pool; None derives it from kv_cache_memory_bytes")
+    kv_cache_memory_bytes: int = knob(1 << 30, "memory budget for the KV cache when num_kv_blocks is None (1 GiB)")
+    kv_layout: str = knob("paged", "'paged' allocates blocks as tokens arrive; 'contiguous' reserves max_model_len "
+                                   "up front")
+    enable_prefix_caching: bool = knob(False, "share the KV blocks of a prompt prefix already computed (a system "
+                                              "prompt), and keep them after use")
+    max_model_len: int | None = knob(None, "longest prompt + output; None takes the model's context, capped at 4096")
+    attention_backend: str = knob("torch", "'torch' (reference), 'numba' (CPU kernels), 'numba-cuda' (GPU "
+                                           "kernels)")
+    clock: str = knob("real", "'real' wall-clock time; 'simulated' time from a cost model")
+    sim_profile: str = knob("smollm2-135m-cpu", "clock='simulated': the cost model, a shipped profile name or a "
+                                                "profile JSON path")
+    sim_skip_model: bool = knob(False, "clock='simulated': skip the model, emit placeholder tokens, run each request "
+                                       "to max_new_tokens")
+    seed: int = knob(0, "default seed for sampled requests that set none")
+    profile_steps: bool = knob(False, "time each step's phases and layer types (synchronising on CUDA); off keeps "
+                                      "steps lean")
+    cuda_graphs: bool = knob(False, "replay decode steps from CUDA graphs captured per batch-size bucket (CUDA only; a "
+                                    "no-op on CPU)")
+    speculative_method: str | None = knob(None, "speculative decoding: None (off), 'ngram' (prompt lookup), "
+                                                "'draft' (a smaller model), 'layer_skip'")
+    num_speculative_tokens: int = knob(4, "draft tokens k proposed, then verified in one forward pass of the model")
+    speculative_model: str | None = knob(None, "method 'draft': the draft model (same tokenizer), a registry name or "
+                                               "a folder")
+    speculative_layers: int | None = knob(None, "method 'layer_skip': layers the draft runs before the LM head; None "
+                                                "takes half")
+    ngram_prompt_lookup_max: int = knob(4, "method 'ngram': the longest suffix n-gram looked up in the prompt and "
+                                           "output")
+    ngram_prompt_lookup_min: int = knob(1, "method 'ngram': the shortest one tried before giving up")
+    scheduling_policy: str = knob("fcfs", "'fcfs' (arrival order), 'priority' (SamplingParams.priority, lower "
+                                          "first, preempts), 'shortest_prompt' (aged)")
+    aging_tokens_per_s: float = knob(100.0, "'shortest_prompt': each second waited counts as this many prompt tokens "
+                                            "fewer; 0 ages nothing")
+    long_prefill_token_threshold: int = knob(0, "most prompt tokens one request prefills in a step; 0: no cap but the "
+                                                "budget (vLLM)")
 
     @property
     def batch_slots(self) -> int:

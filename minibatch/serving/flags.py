@@ -1,27 +1,18 @@
 """Every `EngineConfig` field as a command-line flag, so a new field needs no change here.
 
-`--max-batch-size 16` sets `max_batch_size=16`; the help text is the field's own comment in
-config.py. Optional fields take `none`; booleans get `--flag` / `--no-flag`. Values are checked by
-`EngineConfig` itself, so a bad flag fails with the same message as a bad field.
+`--max-batch-size 16` sets `max_batch_size=16`; the help text is the field's own, declared with it
+(`knob(default, help)` in config.py). Optional fields take `none`; booleans get `--flag` /
+`--no-flag`. Values are checked by `EngineConfig` itself, so a bad flag fails with the same message
+as a bad field.
 """
 from __future__ import annotations
 
 import argparse
-import inspect
-import re
 import types
 import typing
 from dataclasses import MISSING, fields
 
 from minibatch.config import EngineConfig
-
-_FIELD_LINE = re.compile(r"^\s+(\w+):[^#]*#\s*(.*)$")
-
-
-def _comments() -> dict[str, str]:
-    """field name -> the comment on its line in EngineConfig's source."""
-    lines = inspect.getsource(EngineConfig).splitlines()
-    return {m.group(1): m.group(2) for m in map(_FIELD_LINE.match, lines) if m}
 
 
 def _converter(kind):
@@ -40,11 +31,11 @@ def _converter(kind):
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine", "EngineConfig fields (see minibatch/config.py)")
-    hints, comments = typing.get_type_hints(EngineConfig), _comments()
+    hints = typing.get_type_hints(EngineConfig)
     for f in fields(EngineConfig):
         default = f.default if f.default is not MISSING else f.default_factory()
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{comments.get(f.name, '')} (default: {default})".replace("%", "%%")
+        help_text = f"{f.metadata['help']} (default: {default})".replace("%", "%%")
         if hints[f.name] is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
