@@ -133,7 +133,8 @@ def measure(model: str, model_config, batch_sizes=(1, 8, 64), steps: int = 8, pr
             gemm_size: int = 2048, device: str = "auto", attention_backend: str = "torch") -> dict:
     """Peak bandwidth and FLOP/s, minibatch's decode step at each batch size against its bounds, and
     the engine's overhead share at OVERHEAD_BATCH. model_config is the model's Hugging Face config."""
-    bandwidth, flops = memory_bandwidth(), peak_flops(gemm_size)
+    on = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+    bandwidth, flops = memory_bandwidth(device=on), peak_flops(gemm_size, device=on)   # of the engine's device
     most = max(*batch_sizes, OVERHEAD_BATCH)
     max_len = prompt_tokens + steps + 2
     config = dict(model=model, device=device, attention_backend=attention_backend, max_batch_size=most,
