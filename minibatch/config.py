@@ -21,6 +21,7 @@ ATTENTION_BACKENDS = ("torch", "numba", "numba-cuda")
 CLOCKS = ("real", "simulated")
 SPECULATIVE_METHODS = (None, "ngram", "draft", "layer_skip")
 SCHEDULING_POLICIES = ("fcfs", "priority", "shortest_prompt")
+QUANTIZATIONS = (None, "q8_0", "q4_1")
 
 
 def knob(default, help: str):
@@ -49,6 +50,8 @@ class EngineConfig:
     enable_prefix_caching: bool = knob(False, "share the KV blocks of a prompt prefix already computed (a system "
                                               "prompt), and keep them after use")
     max_model_len: int | None = knob(None, "longest prompt + output; None takes the model's context, capped at 4096")
+    quantization: str | None = knob(None, "weight format on CPU: None (fp32), 'q8_0' (8-bit blocks quantised at load), "
+                                          "'q4_1' (the smollm2-135m GGUF file's own 4-bit blocks)")
     attention_backend: str = knob("torch", "'torch' (reference), 'numba' (CPU kernels), 'numba-cuda' (GPU "
                                            "kernels)")
     clock: str = knob("real", "'real' wall-clock time; 'simulated' time from a cost model")
@@ -107,6 +110,7 @@ class EngineConfig:
         if self.max_model_len is not None:
             check_int(owner, "max_model_len", self.max_model_len, 2)
         check_choice(owner, "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        check_choice(owner, "quantization", self.quantization, QUANTIZATIONS)
         check_choice(owner, "clock", self.clock, CLOCKS)
         if not isinstance(self.sim_profile, str) or not self.sim_profile:
             fail(owner, "sim_profile", self.sim_profile, "a profile name (minibatch.sim.costmodel.list_profiles()) or a JSON path")

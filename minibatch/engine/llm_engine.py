@@ -13,6 +13,7 @@ from minibatch.config import ConfigError, EngineConfig, SamplingParams
 from minibatch.engine.cuda_graphs import with_cuda_graphs
 from minibatch.engine.kernels import get_backend
 from minibatch.engine.kv import BlockManager, KVCache, blocks_for, kv_bytes_per_token, pool_blocks
+from minibatch.engine.models.weights import check_quantization
 from minibatch.engine.parts import ModelParts
 from minibatch.engine.records import BlockTableRecorder, StepRecord
 from minibatch.engine.request import Request
@@ -46,13 +47,14 @@ class LLMEngine:
         self.config = config
         self.device, self.dtype = resolve_device_dtype(config)
         self.backend = get_backend(config.attention_backend)
+        check_quantization(config.quantization, config.model, self.device, self.dtype)
         loaded = parts.load(config.model)
         context = loaded.config.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > context:
             raise ConfigError(f"EngineConfig.max_model_len={config.max_model_len} is not allowed: "
                               f"the model's context is {context} tokens")
         self.max_model_len = config.max_model_len or min(context, DEFAULT_MAX_MODEL_LEN)
-        self.model = parts.model(loaded, self.dtype, self.device, self.max_model_len)
+        self.model = parts.model(loaded, self.dtype, self.device, self.max_model_len, config.quantization)
         self.prompts = PromptEncoder(loaded.tokenizer, self.model.vocab_size, self.max_model_len)
         self.eos_token_ids = set(loaded.eos_token_ids)
         per_token = kv_bytes_per_token(self.model.num_layers, self.model.num_kv_heads, self.model.head_dim, self.dtype)

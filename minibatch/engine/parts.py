@@ -24,8 +24,9 @@ class ModelParts:
         """The model's config, tokenizer, stop tokens and weights (fp32; the model casts them)."""
         return load_model(name, dtype=torch.float32)
 
-    def model(self, loaded: LoadedModel, dtype: torch.dtype, device: torch.device, max_model_len: int):
-        return LlamaModel(loaded, dtype, device, max_model_len)
+    def model(self, loaded: LoadedModel, dtype: torch.dtype, device: torch.device, max_model_len: int,
+              quantization: str | None = None):
+        return LlamaModel(loaded, dtype, device, max_model_len, quantization)
 
     def kv_device(self, device: torch.device) -> torch.device:
         """Where the KV tensors are allocated."""

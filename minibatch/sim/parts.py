@@ -30,7 +30,7 @@ class ShapeOnlyParts(SimulatedClockParts):
     def load(self, name: str):
         return load_model_spec(name)
 
-    def model(self, loaded, dtype, device, max_model_len):
+    def model(self, loaded, dtype, device, max_model_len, quantization=None):
         return ModelShape(loaded.config)        # the model's sizes, without weights
 
     def kv_device(self, device: torch.device) -> torch.device:

@@ -98,5 +98,9 @@ class Linear:
         """Bytes per weight: 4 in float32, 2 in bfloat16."""
         return self.dtype.itemsize
 
+    def nbytes(self) -> int:
+        """Bytes a product reads from the weight."""
+        return self.numel() * self.element_size()
+
     def __repr__(self):
         return f"Linear({tuple(self.shape)}, {self.dtype}, path={self.path!r})"

@@ -8,7 +8,8 @@ MLP -> residual. Only the rows that produce a token go through the LM head.
 Weights come from a Hugging Face checkpoint (transformers is the loader); the projections that
 read the same input are fused (q|k|v, gate|up) so a layer makes fewer, larger matrix products,
 each a `Linear` that stores its weight the way this machine multiplies fastest
-(`minibatch.engine.models.linear`: prepacked for oneDNN on CPU).
+(`minibatch.engine.models.linear`: prepacked for oneDNN on CPU), or with `quantization` set a
+`QuantizedLinear` over blocks of 8 or 4 bits (`minibatch.engine.models.weights`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from minibatch.engine.models import LoadedModel, rope_theta
 from minibatch.engine.models.linear import Linear
 from minibatch.engine.models.shape import ModelShape
+from minibatch.engine.models.weights import linear_builder
 
 
 def rms_norm(x, weight, eps):
@@ -34,29 +36,31 @@ def rms_norm(x, weight, eps):
 class LlamaModel(ModelShape):
     """Weights on the device and a forward pass over packed tokens."""
 
-    def __init__(self, loaded: LoadedModel, dtype: torch.dtype, device: torch.device, max_positions: int):
+    def __init__(self, loaded: LoadedModel, dtype: torch.dtype, device: torch.device, max_positions: int,
+                 quantization: str | None = None):
         cfg = loaded.config
         super().__init__(cfg)
         self.eps = cfg.rms_norm_eps
         self.scale = self.head_dim ** -0.5
         sd = loaded.state_dict
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()
+        linear = linear_builder(loaded, quantization, put)                  # names of stacked weights -> product
         self.tied = sd["lm_head.weight"].data_ptr() == sd["model.embed_tokens.weight"].data_ptr()
         self.embed = put(sd["model.embed_tokens.weight"])                  # (V, C), stays plain for lookups
-        self.lm_head = Linear(put(sd["lm_head.weight"]))                    # (V, C), tied or not
+        self.lm_head = linear(["lm_head.weight"])                           # (V, C), tied or not
         self.final_norm = put(sd["model.norm.weight"])                      # (C,)
         self.layers = []
         for i in range(self.num_layers):
             p = f"model.layers.{i}."
-            attn = [sd[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")]
-            mlp = [sd[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")]
+            attn = [p + f"self_attn.{n}_proj.weight" for n in ("q", "k", "v")]
+            mlp = [p + f"mlp.{n}_proj.weight" for n in ("gate", "up")]
             self.layers.append({
                 "attn_norm": put(sd[p + "input_layernorm.weight"]),          # (C,)
-                "qkv": Linear(put(torch.cat(attn))),                        # ((Hq + 2 Hkv) D, C)
-                "o": Linear(put(sd[p + "self_attn.o_proj.weight"])),        # (C, Hq D)
+                "qkv": linear(attn),                                        # ((Hq + 2 Hkv) D, C)
+                "o": linear([p + "self_attn.o_proj.weight"]),               # (C, Hq D)
                 "mlp_norm": put(sd[p + "post_attention_layernorm.weight"]),  # (C,)
-                "gate_up": Linear(put(torch.cat(mlp))),                     # (2 I, C)
-                "down": Linear(put(sd[p + "mlp.down_proj.weight"])),        # (C, I)
+                "gate_up": linear(mlp),                                     # (2 I, C)
+                "down": linear([p + "mlp.down_proj.weight"]),               # (C, I)
             })
         # Rotary tables, computed in fp32 like transformers, then cast.
         inv_freq = 1.0 / (rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
@@ -68,7 +72,7 @@ class LlamaModel(ModelShape):
         self.signed_sin = torch.cat((-sin[:, :self.head_dim // 2], sin[:, self.head_dim // 2:]), dim=-1).to(
             device=device, dtype=dtype)
 
-    def linears(self) -> list[Linear]:
+    def linears(self) -> list[Linear]:  # or QuantizedLinear
         """Every weight matrix a decode step multiplies by: each layer's four, then the LM head."""
         return [layer[n] for layer in self.layers for n in ("qkv", "o", "gate_up", "down")] + [self.lm_head]
 
@@ -80,9 +84,10 @@ class LlamaModel(ModelShape):
         return self.embed.numel() + norms + matrices
 
     def decode_weight_bytes(self) -> int:
-        """Bytes of weights a decode step reads: every matrix and norm (the embedding is only looked up)."""
+        """Bytes of weights a decode step reads: every matrix (in its storage format) and norm (the
+        embedding is only looked up)."""
         norms = [self.final_norm] + [layer[n] for layer in self.layers for n in ("attn_norm", "mlp_norm")]
-        return sum(t.numel() * t.element_size() for t in self.linears() + norms)
+        return sum(w.nbytes() for w in self.linears()) + sum(t.numel() * t.element_size() for t in norms)
 
     def forward(self, input_ids, positions, slot_mapping, meta, kv_cache, backend, logits_rows, num_layers=None):
         """Run T packed tokens through the model; returns logits (S, V) for the S rows in logits_rows.
