@@ -7,14 +7,14 @@
 from minibatch.config import ConfigError, EngineConfig, SamplingParams
 from minibatch.workloads import WorkloadRequest, load_workload, save_workload
 
-__all__ = ["LLM", "EngineConfig", "SamplingParams", "ConfigError", "RequestOutput", "WorkloadRequest",
+__all__ = ["LLM", "EngineConfig", "SamplingParams", "ConfigError", "Plugins", "RequestOutput", "WorkloadRequest",
            "load_workload", "save_workload"]
 
 
 def __getattr__(name):
-    """`LLM` and `RequestOutput` bring in torch and transformers, so they are imported when first used:
+    """`LLM`, `Plugins` and `RequestOutput` bring in torch and transformers, so they are imported when first used:
     `import minibatch.checks` or `minibatch.workloads` alone then starts in a moment."""
-    if name in ("LLM", "RequestOutput"):
+    if name in ("LLM", "Plugins", "RequestOutput"):
         from minibatch import llm
         return getattr(llm, name)
     raise AttributeError(f"module 'minibatch' has no attribute {name!r}")

@@ -19,6 +19,7 @@ from minibatch.analysis.metrics import RunReport
 from minibatch.engine.arrivals import TimedArrivals
 from minibatch.engine.llm_engine import LLMEngine
 from minibatch.engine.parts import ModelParts
+from minibatch.engine.plugins import Plugins
 from minibatch.engine.records import RequestMetrics
 from minibatch.engine.request import Request
 from minibatch.engine.tokens import is_chat
@@ -26,10 +27,11 @@ from minibatch.sim.parts import simulated_parts
 from minibatch.workloads import WorkloadRequest
 
 
-def make_engine(config: EngineConfig, clock=None) -> LLMEngine:
-    """The engine a config asks for: the real model and clock, or the simulator's parts."""
+def make_engine(config: EngineConfig, clock=None, plugins: Plugins | None = None) -> LLMEngine:
+    """The engine a config asks for: the real model and clock, or the simulator's parts; `plugins`
+    replaces pieces of it with yours (`minibatch.engine.plugins`)."""
     parts = simulated_parts(config) if config.clock == "simulated" else ModelParts()
-    return LLMEngine(config, parts, clock=clock)
+    return LLMEngine(config, parts, clock=clock, plugins=plugins)
 
 
 @dataclass
@@ -59,13 +61,15 @@ class RequestOutput:
 
 
 class LLM:
-    """An engine with a friendly front: `LLM(EngineConfig(...))` or `LLM(model="tiny", ...)`."""
+    """An engine with a friendly front: `LLM(EngineConfig(...))` or `LLM(model="tiny", ...)`; with
+    `plugins=Plugins(scheduler=..., allocator=..., attention=...)` it runs your pieces, checked."""
 
-    def __init__(self, config: EngineConfig | None = None, clock=None, **config_fields):
+    def __init__(self, config: EngineConfig | None = None, clock=None, plugins: Plugins | None = None,
+                 **config_fields):
         if config is not None and config_fields:
             raise ConfigError("pass either an EngineConfig or its fields as keywords, not both")
         self.config = config or EngineConfig(**config_fields)
-        self.engine = make_engine(self.config, clock=clock)
+        self.engine = make_engine(self.config, clock=clock, plugins=plugins)
 
     @property
     def tokenizer(self):

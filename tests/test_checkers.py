@@ -121,3 +121,59 @@ def test_prefix_lookup_that_counts_blocks_is_caught():
         return reference_cached_tokens(token_ids, block_size, cached) // block_size
     with pytest.raises(AssertionError, match=r"(?s)input:.*expected"):
         check_prefix_hits(reference_block_hashes, blocks_not_tokens)
+
+
+# ---- the build track: pieces that run inside the engine ---------------------------------------
+
+from learner_pieces import FreeListAllocator, JoinLeaveScheduler, attend  # noqa: E402
+from minibatch.checks import check_allocator, check_attend, check_built_engine, check_scheduler  # noqa: E402
+
+
+def test_build_references_are_solved():
+    assert check_scheduler(JoinLeaveScheduler).solved
+    assert check_allocator(FreeListAllocator).solved
+    assert check_attend(attend).solved
+    assert check_built_engine(JoinLeaveScheduler, FreeListAllocator, attend).solved
+
+
+class NoChunks(JoinLeaveScheduler):
+    """A prompt longer than the budget left waits for a later step instead of starting with a chunk."""
+
+    def tokens_to_compute(self, request, budget):
+        todo = request.num_tokens - request.num_computed_tokens
+        return todo if todo <= budget or request.num_computed_tokens else 0
+
+
+class NewestFirst(JoinLeaveScheduler):
+    """The plan lists the newest requests first: valid for the engine, but not the engine's order."""
+
+    def schedule(self, now):
+        plan = super().schedule(now)
+        plan.seqs.reverse()
+        return plan
+
+
+class OffByOneSlot(JoinLeaveScheduler):
+    def schedule(self, now):
+        self.max_batch_size += 1                                         # admits while running <= max_batch_size
+        try:
+            return super().schedule(now)
+        finally:
+            self.max_batch_size -= 1
+
+
+class WholeBudgetChunks(JoinLeaveScheduler):
+    def tokens_to_compute(self, request, budget):
+        return min(request.num_tokens - request.num_computed_tokens, self.max_tokens_per_step)
+
+
+@pytest.mark.parametrize("wrong, named", [
+    (OffByOneSlot, r"(?s)joins while all 4 slots are taken.*admit only while len\(self.running\) < self.max_batch_size"),
+    (WholeBudgetChunks, r"(?s)more than max_tokens_per_step=16.*budget left"),
+    (NoChunks, r"(?s)step 0: request 0 computes 0 tokens from position 0.*tokens_to_compute"),
+    (NewestFirst, r"(?s)step 0 differs from the engine's continuous scheduler.*expected: \[\(0, 26\), \(1, 2\).*"
+                  r"got: +\[\(3, "),
+])
+def test_scheduler_mistakes_are_caught(wrong, named):
+    with pytest.raises(AssertionError, match=named):
+        check_scheduler(wrong)

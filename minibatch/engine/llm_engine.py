@@ -12,12 +12,13 @@ import torch
 from minibatch.config import ConfigError, EngineConfig, SamplingParams
 from minibatch.engine.cuda_graphs import with_cuda_graphs
 from minibatch.engine.kernels import get_backend
-from minibatch.engine.kv import BlockManager, KVCache, blocks_for, kv_bytes_per_token, pool_blocks
+from minibatch.engine.kv import KVCache, blocks_for, kv_bytes_per_token, pool_blocks
 from minibatch.engine.models.weights import check_quantization
 from minibatch.engine.parts import ModelParts
+from minibatch.engine.plugins import Plugins
 from minibatch.engine.records import BlockTableRecorder, StepRecord
 from minibatch.engine.request import Request
-from minibatch.engine.schedulers import StepPlan, make_scheduler
+from minibatch.engine.schedulers import StepPlan
 from minibatch.engine.speculative import make_decoder
 from minibatch.engine.timing import PhaseTimer, StepProfiler
 from minibatch.engine.tokens import PromptEncoder
@@ -41,12 +42,15 @@ def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtyp
 class LLMEngine:
     """Holds the model and the cache, accepts requests, and advances them one step at a time."""
 
-    def __init__(self, config: EngineConfig, parts: ModelParts, clock=None):
+    def __init__(self, config: EngineConfig, parts: ModelParts, clock=None, plugins: Plugins | None = None):
         """`parts` makes the model, runner, sampler and clock (`minibatch.llm.make_engine` picks them);
-        `clock`, if given, replaces the parts' clock."""
+        `clock`, if given, replaces the parts' clock; `plugins` replaces pieces with yours (`engine.plugins`)."""
         self.config = config
+        plugins = plugins or Plugins()
+        plugins.check_config(config)
+        step_of = lambda: len(self.step_records)                       # the step being built, for messages
         self.device, self.dtype = resolve_device_dtype(config)
-        self.backend = get_backend(config.attention_backend)
+        self.backend = plugins.attention_backend(get_backend(config.attention_backend), step_of)
         check_quantization(config.quantization, config.model, self.device, self.dtype)
         loaded = parts.load(config.model)
         context = loaded.config.max_position_embeddings
@@ -62,15 +66,15 @@ class LLMEngine:
                                  self.max_model_len, config.batch_slots)
         self.kv_cache = KVCache(self.model.num_layers, num_blocks, config.block_size, self.model.num_kv_heads,
                                 self.model.head_dim, self.dtype, parts.kv_device(self.device))
-        self.blocks = BlockManager(num_blocks, config.block_size, config.kv_layout, self.max_model_len,
-                                   config.enable_prefix_caching)
+        self.blocks = plugins.block_manager(step_of, num_blocks, config.block_size, config.kv_layout,
+                                            self.max_model_len, config.enable_prefix_caching)
         self.block_recorder = BlockTableRecorder()                   # each step's block tables, for the KV-block map
-        self.scheduler = make_scheduler(config, self.blocks)
+        self.scheduler = plugins.make_scheduler(config, self.blocks, step_of)
         self.runner = parts.runner(self.model, self.kv_cache, self.blocks, self.backend, self.device)
         self.clock = clock or parts.clock(config, loaded.config)
         if config.cuda_graphs:
             self.runner = with_cuda_graphs(self.runner, config.batch_slots, self.max_model_len)
-        sampler = parts.sampler(config.seed, self.eos_token_ids)
+        sampler = plugins.wrap_sampler(parts.sampler(config.seed, self.eos_token_ids), step_of)
         self.decoder = make_decoder(config, sampler, self.model, self.kv_cache, self.blocks, self.backend,
                                     self.device, self.dtype, self.max_model_len)  # plain or speculative
         self.profiler = StepProfiler(self.device) if config.profile_steps else None

@@ -42,6 +42,7 @@ class ModelRunner:
                 logits_rows.extend(range(len(ids) - 1 - len(drafts), len(ids)))
         to_device = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
         meta = AttentionMetadata.build(query_lens, context_lens, tables, self.device)
+        meta.cache["request_ids"] = [s.request.request_id for s in plan.seqs]   # for messages about a sequence
         return (to_device(ids), to_device(np.concatenate(positions)), to_device(np.concatenate(slots)),
                 meta, to_device(logits_rows))
 

@@ -34,7 +34,7 @@ class BlockManager:
     """A free list of KV blocks, a block table per request id and, optionally, the prefix cache."""
 
     def __init__(self, num_blocks: int, block_size: int, layout: str = "paged", max_model_len: int = 0,
-                 enable_prefix_caching: bool = False):
+                 enable_prefix_caching: bool = False, hash_fn=hash_block):
         if enable_prefix_caching and layout != "paged":
             raise ValueError(f"prefix caching needs the paged layout, not layout={layout!r}")
         self.num_blocks = num_blocks
@@ -48,6 +48,7 @@ class BlockManager:
         self.ref_counts: dict[int, int] = {}       # held block -> how many block tables hold it
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
         self.hashes: dict[int, list[bytes]] = {}   # request id -> chained hashes of its full, computed blocks
+        self.hash_fn = hash_fn                      # hash_fn(parent_hash, block_token_ids): names a full block
 
     @property
     def num_cached_blocks(self) -> int:
@@ -68,7 +69,8 @@ class BlockManager:
         token is always left to compute, so the step that computes it samples the next one."""
         if self.prefix_cache is None:
             return []
-        return self.prefix_cache.match(block_hashes(token_ids[:len(token_ids) - 1], self.block_size))
+        return self.prefix_cache.match(block_hashes(token_ids[:len(token_ids) - 1], self.block_size,
+                                                    hash_fn=self.hash_fn))
 
     def blocks_needed(self, request_id: int, num_tokens: int, prefix: Sequence[int] = ()) -> int:
         """Blocks request_id must take from the free or evictable ones to hold num_tokens tokens in total;
@@ -133,7 +135,7 @@ class BlockManager:
         table = self.block_tables[request_id]
         for index in range(len(hashes), num_computed_tokens // self.block_size):
             parent = hashes[-1] if hashes else b""
-            hashes.append(hash_block(parent, token_ids[index * self.block_size:(index + 1) * self.block_size]))
+            hashes.append(self.hash_fn(parent, token_ids[index * self.block_size:(index + 1) * self.block_size]))
             self.prefix_cache.add(table[index], hashes[-1])
 
     def _release(self, blocks: list[int]) -> None:

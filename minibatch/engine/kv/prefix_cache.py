@@ -36,11 +36,13 @@ def hash_block(parent_hash: bytes, token_ids: Sequence[int]) -> bytes:
     return digest.digest()
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, parent_hash: bytes = ROOT_HASH) -> list[bytes]:
-    """Hashes of the full blocks of token_ids, each chained to the one before (a partial tail has none)."""
+def block_hashes(token_ids: Sequence[int], block_size: int, parent_hash: bytes = ROOT_HASH,
+                 hash_fn=hash_block) -> list[bytes]:
+    """Hashes of the full blocks of token_ids, each chained to the one before (a partial tail has none);
+    `hash_fn` is `hash_block` unless a prefix-hash extension replaces it (`engine.plugins`)."""
     hashes = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent_hash = hash_block(parent_hash, token_ids[start:start + block_size])
+        parent_hash = hash_fn(parent_hash, token_ids[start:start + block_size])
         hashes.append(parent_hash)
     return hashes
 

@@ -102,6 +102,16 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self._take_slot(request)
 
+    def admit(self, request: Request) -> None:
+        """A waiting request joins: it leaves the queue, takes a free slot and runs (for a scheduler you write)."""
+        self.waiting.remove(request)
+        self._admit(request)
+
+    def leave(self, request: Request) -> None:
+        """A running request gives its slot back (continuous batching: the moment it finishes)."""
+        self.running.remove(request)
+        self._release_slot(request)
+
     def _start_after_prefix(self, request: Request, prefix: list[int]) -> None:
         """Admission with prefix caching: the request's first len(prefix) blocks were found in the cache
         (`BlockManager.cached_prefix`), so it computes from the first token after them."""

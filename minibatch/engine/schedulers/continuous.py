@@ -93,5 +93,4 @@ class ContinuousScheduler(Scheduler):
     def finish(self, request: Request) -> None:
         super().finish(request)
         if request in self.running:
-            self.running.remove(request)
-            self._release_slot(request)
+            self.leave(request)
