@@ -22,6 +22,7 @@ CLOCKS = ("real", "simulated")
 SPECULATIVE_METHODS = (None, "ngram", "draft", "layer_skip")
 SCHEDULING_POLICIES = ("fcfs", "priority", "shortest_prompt")
 QUANTIZATIONS = (None, "q8_0", "q4_1")
+STEP_PRIORITIES = ("decode-first", "prefill-first")
 
 
 def knob(default, help: str):
@@ -80,6 +81,8 @@ class EngineConfig:
                                             "fewer; 0 ages nothing")
     long_prefill_token_threshold: int = knob(0, "most prompt tokens one request prefills in a step; 0: no cap but the "
                                                 "budget (vLLM)")
+    step_priority: str = knob("decode-first", "who takes a step's token budget first: 'decode-first' (the running "
+                                              "requests, vLLM) or 'prefill-first' (prompts)")
 
     @property
     def batch_slots(self) -> int:
@@ -121,7 +124,7 @@ class EngineConfig:
         self._check_speed_options(owner)
 
     def _check_policy(self, owner: str):
-        """The scheduling policy, its aging rate and the per-request prefill cap."""
+        """The scheduling policy, its aging rate, the per-request prefill cap and the step's priority."""
         check_choice(owner, "scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         if self.scheduling_policy != "fcfs" and self.scheduler == "static":
             fail(owner, "scheduling_policy", self.scheduling_policy,
@@ -131,6 +134,11 @@ class EngineConfig:
         if self.aging_tokens_per_s == float("inf"):
             fail(owner, "aging_tokens_per_s", self.aging_tokens_per_s, "a finite number >= 0")
         check_int(owner, "long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
+        check_choice(owner, "step_priority", self.step_priority, STEP_PRIORITIES)
+        if self.step_priority != "decode-first" and self.scheduler == "static":
+            fail(owner, "step_priority", self.step_priority,
+                  "'decode-first' with scheduler='static' (a static batch admits nobody while it decodes); "
+                  "'prefill-first' runs with scheduler 'continuous' or 'edge'")
 
     def _check_speed_options(self, owner: str):
         """Profiling, CUDA graphs and speculative decoding: types, ranges and combinations."""

@@ -1,9 +1,10 @@
 """Chapter 05 (prefill versus decode): the largest token budget that keeps a stated inter-token latency,
-and what it costs the long prompt's TTFT; the learner's budget then serves the stall scenario."""
+and what it costs the long prompt's TTFT; the learner's budget then serves the stall scenario. And the
+open lab: decode-first or prefill-first, and a budget, for a burst of long prompts within a per-class SLA."""
 
 import math
 
-from minibatch.checks.core import Case, check_cases, checker
+from minibatch.checks.core import Case, check_cases, checker, describe
 
 
 def pick_token_budget(step_s, num_decoding, itl_limit_s, candidates):
@@ -85,3 +86,28 @@ def serve_stall_with(budget, num_decoding=3, long_prompt_tokens=512):
     workload = stall_workload(list(range(100, 100 + long_prompt_tokens)), long_prompt_tokens, num_decoding,
                               decode_tokens=64)
     return stall_numbers(llm.run(workload, use_tqdm=False))
+
+
+@checker("choose_step_order(base)")
+def check_burst_lab(choose_step_order):
+    """The open lab: the learner's step priority and token budget serve the long-prompt burst within its SLA."""
+    from minibatch.analysis.burst import BURST_BASE, BURST_KNOBS, BURST_LIMITS, NAMES, burst_score, misses
+    from minibatch.config import ConfigError, EngineConfig
+
+    try:
+        config = choose_step_order(BURST_BASE)
+    except ConfigError as err:                       # EngineConfig refused a field
+        raise AssertionError(f"choose_step_order(base) built a configuration the engine refuses: {err}") from None
+    assert isinstance(config, EngineConfig), (f"choose_step_order(base) must return an EngineConfig, got "
+                                              f"{describe(config)}")
+    changed = [name for name in vars(BURST_BASE) if getattr(config, name) != getattr(BURST_BASE, name)
+               and name not in BURST_KNOBS]
+    assert not changed, (f"only {' and '.join(BURST_KNOBS)} may change, but {', '.join(changed)} changed too: build "
+                         "the answer with dataclasses.replace(base, ...)")
+    score = burst_score(config)
+    for (kind, figure), limit in BURST_LIMITS.items():
+        print(f"{kind:9s} {NAMES[figure]:31s} {score[kind][figure]:6.2f} s (limit {limit:g} s)")
+    print(f"{'chat':9s} {'p99 TPOT (not in the SLA)':31s} {score['chat']['p99_tpot_s']:6.2f} s")
+    found = misses(score)
+    assert not found, (f"step_priority={config.step_priority!r} with max_tokens_per_step={config.max_tokens_per_step} "
+                       "misses the SLA:\n  - " + "\n  - ".join(found))

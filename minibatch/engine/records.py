@@ -28,15 +28,17 @@ class RequestMetrics:
     num_preemptions: int
     finish_reason: str | None
     num_cached_tokens: int = 0   # prompt tokens found in the prefix cache, not computed (vLLM's name)
+    max_itl: float | None = None  # the longest gap between two consecutive output tokens (inter-token latency)
 
     @classmethod
     def of(cls, r: Request) -> "RequestMetrics":
         since = lambda t: None if t is None else t - r.arrival_time
         n = len(r.output_token_ids)
         tpot = (r.token_times[-1] - r.token_times[0]) / (n - 1) if n > 1 else None
+        max_itl = max(b - a for a, b in zip(r.token_times, r.token_times[1:])) if n > 1 else None
         return cls(r.request_id, r.arrival_time, since(r.first_scheduled_time), since(r.first_token_time), tpot,
                    since(r.finish_time), len(r.prompt_token_ids), n, r.num_preemptions, r.finish_reason,
-                   r.num_cached_tokens)
+                   r.num_cached_tokens, max_itl)
 
 
 @dataclass
