@@ -1,9 +1,11 @@
 """Each exercise checker passes the reference answer and catches the planted mistakes a learner
 makes, with a message that names the mistake or the input it failed on."""
 
+from dataclasses import replace
+
 import pytest
 
-from minibatch.checks import (check_long_prompt_ttft, check_pick_token_budget, check_prefix_hits,
+from minibatch.checks import (check_burst_lab, check_long_prompt_ttft, check_pick_token_budget, check_prefix_hits,
                               check_roofline_tokens_per_s, check_saturating_batch, chunking, slm_vs_llm)
 from minibatch.checks.prefix_caching import ADVICE as PREFIX_ADVICE, MISTAKES as PREFIX_MISTAKES
 from minibatch.checks.why_batch import ADVICE, MISTAKES, roofline_tokens_per_s
@@ -59,6 +61,34 @@ def test_ttft_mistakes_are_caught():
     full_last_chunk = lambda step_s, b, d, n: -(-n // (b - d)) * step_s(b - d, d)      # noqa: E731
     with pytest.raises(AssertionError, match=r"(?s)input:.*130"):
         check_long_prompt_ttft(full_last_chunk)
+
+
+# ---- chapter 05's open lab: decode-first or prefill-first, and a budget, for a burst ----------
+
+@pytest.mark.parametrize("answer, words", [
+    (lambda base: base, ["step_priority='decode-first' with max_tokens_per_step=512 misses",
+                         "chat: longest gap between two tokens", "over the limit of 2 s by"]),
+    (lambda base: replace(base, step_priority="prefill-first", max_tokens_per_step=256), ["chat: longest gap"]),
+    (lambda base: replace(base, max_tokens_per_step=64), ["document: p99 TTFT", "over the limit of 45 s by"]),
+    (lambda base: replace(base, max_tokens_per_step=256, max_batch_size=32), ["max_batch_size changed"]),
+    (lambda base: "decode-first", ["must return an EngineConfig", "'decode-first'"]),
+    (lambda base: replace(base, step_priority="decode"), ["refuses", "step_priority='decode'"]),
+])
+def test_burst_lab_checker_catches_planted_mistakes(answer, words):
+    with pytest.raises(AssertionError) as err:
+        check_burst_lab(answer)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_burst_lab_has_an_answer_that_neither_the_default_nor_prefill_first_meets():
+    from minibatch.analysis.burst import BURST_BASE, BURST_LIMITS, burst_score
+    assert check_burst_lab(lambda base: replace(base, max_tokens_per_step=256)).solved
+    gap_limit = BURST_LIMITS[("chat", "longest_gap_s")]
+    for budget in (64, 256, 2048):
+        stalled = burst_score(replace(BURST_BASE, step_priority="prefill-first", max_tokens_per_step=budget))
+        assert stalled["chat"]["longest_gap_s"] > 5 * gap_limit      # the decoders wait out the burst's prompts
+    assert burst_score(BURST_BASE)["chat"]["longest_gap_s"] > gap_limit
 
 
 # ---- chapter 13: the knee of the tokens/s curve ------------------------------------------------
