@@ -4,6 +4,7 @@ makes, with a message that names the mistake or the input it failed on."""
 from dataclasses import replace
 
 import pytest
+import torch
 
 from minibatch.checks import (check_burst_lab, check_long_prompt_ttft, check_pick_token_budget, check_prefix_hits,
                               check_roofline_tokens_per_s, check_saturating_batch, chunking, slm_vs_llm)
@@ -207,3 +208,85 @@ class WholeBudgetChunks(JoinLeaveScheduler):
 def test_scheduler_mistakes_are_caught(wrong, named):
     with pytest.raises(AssertionError, match=named):
         check_scheduler(wrong)
+
+
+class TakesFromTheEnd(FreeListAllocator):
+    def allocate(self, request_id, num_tokens, prefix=()):
+        table = self.block_tables.setdefault(request_id, [])
+        while len(table) * self.block_size < num_tokens:
+            table.append(self.free_blocks.pop())                     # pop() instead of popleft()
+            self.ref_counts[table[-1]] = 1
+        self.tokens_stored[request_id] = max(self.tokens_stored.get(request_id, 0), num_tokens)
+        return table
+
+
+class OneBlockPerCall(FreeListAllocator):
+    def allocate(self, request_id, num_tokens, prefix=()):
+        return super().allocate(request_id, min(num_tokens, len(self.block_tables.get(request_id, ())) * self.block_size + 1))
+
+
+class KeepsFreedBlocks(FreeListAllocator):
+    def free(self, request_id):
+        for block in self.block_tables.pop(request_id, []):
+            del self.ref_counts[block]
+        self.tokens_stored.pop(request_id, None)
+
+
+class NoRefCounts(FreeListAllocator):
+    def allocate(self, request_id, num_tokens, prefix=()):
+        table = super().allocate(request_id, num_tokens, prefix)
+        self.ref_counts.clear()
+        return table
+
+    def free(self, request_id):
+        self.free_blocks.extend(self.block_tables.pop(request_id, []))
+        self.tokens_stored.pop(request_id, None)
+
+
+@pytest.mark.parametrize("wrong, named", [
+    (TakesFromTheEnd, r"(?s)after allocate\(0, 1\) \(block_size 4.*expected: block_tables \{0: \[0\]\}.*"
+                      r"got: +block_tables \{0: \[7\]\}.*take new blocks from the front of free_blocks"),
+    (OneBlockPerCall, r"(?s)allocate\(request 1, 9 tokens\), step 0: request 1's table \[\d\] holds fewer than 9 tokens"),
+    (KeepsFreedBlocks, r"(?s)free\(request 0\), step 0: blocks \[0, 1\] are neither free nor held.*back to free_blocks"),
+    (NoRefCounts, r"(?s)block 0 is in 1 block table\(s\) but ref_counts\[0\] is None"),
+])
+def test_allocator_mistakes_are_caught(wrong, named):
+    with pytest.raises(AssertionError, match=named):
+        check_allocator(wrong)
+
+
+def _attend_without_mask(query, k_cache, v_cache, block_table, context_len, scale):
+    return torch.cat([attend(query[j:j + 1], k_cache, v_cache, block_table, context_len, scale)
+                      for j in range(len(query))])                          # every row sees the whole context
+
+
+def _attend_modulo_heads(query, k_cache, v_cache, block_table, context_len, scale):
+    num_kv_heads, group = k_cache.shape[2], query.shape[1] // k_cache.shape[2]
+    order = torch.tensor([(h % num_kv_heads) * group + h // num_kv_heads for h in range(query.shape[1])])
+    out = attend(query[:, torch.argsort(order)], k_cache, v_cache, block_table, context_len, scale)
+    return out[:, order]                                                     # head h reads KV head h % Hkv
+
+
+@pytest.mark.parametrize("wrong, named", [
+    (_attend_without_mask, "on block_size 4, 1 KV heads x 1 query heads each, head_dim 8, 0 tokens cached before 6 new "
+                           "query rows: your attend lets every query row see the whole context"),
+    (_attend_modulo_heads, r"your attend maps query head h to KV head h % num_kv_heads: .* h // \(Hq // Hkv\)"),
+    (lambda q, k, v, table, ctx, scale: attend(q, k, v, table, ctx, 1.0), "your attend forgets the scale"),
+    (lambda q, k, v, table, ctx, scale: attend(q, k, v, table, ctx, scale)[-1],
+     r"wrong answer on block_size 4.*expected a tensor of shape \(1, 1, 8\).*got shape \(1, 8\)"),
+])
+def test_attention_mistakes_are_caught(wrong, named):
+    with pytest.raises(AssertionError, match=named):
+        check_attend(wrong)
+
+
+@pytest.mark.parametrize("pieces, named", [
+    ((JoinLeaveScheduler, FreeListAllocator, lambda q, k, v, t, c, s: attend(q, k, v, t, c, 1.0)),
+     r"(?s)with your scheduler, allocator and attention and EngineConfig\(.*\), request 0's tokens differ from "
+     r"transformers' generate\(\):\n  expected: \[.*\]\n  got: "),
+    ((JoinLeaveScheduler, KeepsFreedBlocks, attend), r"(?s)the engine stopped your pieces:\nallocator KeepsFreedBlocks.free"),
+    ((OffByOneSlot, FreeListAllocator, attend), r"(?s)the engine stopped your pieces:\nscheduler OffByOneSlot.admit"),
+])
+def test_built_engine_mistakes_are_caught(pieces, named):
+    with pytest.raises(AssertionError, match=named):
+        check_built_engine(*pieces)

@@ -32,13 +32,14 @@ def reference(tiny_hf):
 @pytest.mark.parametrize("plugins, fields", [
     (Plugins(scheduler=JoinLeaveScheduler), {}),
     (Plugins(scheduler=ContinuousScheduler), {"num_kv_blocks": 14}),          # the engine's own, preempting
+    (Plugins(scheduler=ContinuousScheduler), {"step_priority": "prefill-first", "num_kv_blocks": 14}),
     (Plugins(scheduler=StaticScheduler), {}),
     (Plugins(allocator=FreeListAllocator), {"num_kv_blocks": 14}),
     (Plugins(attention=attend), {}),
     (Plugins(sampling_rule=greedy), {}),
     (Plugins(prefix_hash=hash_block), {"enable_prefix_caching": True}),
     (Plugins(scheduler=JoinLeaveScheduler, allocator=FreeListAllocator, attention=attend), {}),
-], ids=["scheduler", "engine-continuous", "engine-static", "allocator", "attention", "sampling", "prefix-hash", "all"])
+], ids=["scheduler", "engine-continuous", "engine-prefill-first", "engine-static", "allocator", "attention", "sampling", "prefix-hash", "all"])
 def test_correct_pieces_serve_the_reference_tokens(plugins, fields, reference):
     outputs, engine = serve(plugins, **fields)
     assert outputs == reference
@@ -185,6 +186,8 @@ def test_guards_can_be_switched_off(reference):
 
 @pytest.mark.parametrize("plugins, fields, message", [
     (Plugins(prefix_hash=hash_block), {}, "enable_prefix_caching=False"),
+    (Plugins(attention=attend), {"clock": "simulated", "sim_skip_model": True}, "the model is skipped"),
+    (Plugins(sampling_rule=greedy), {"speculative_method": "ngram"}, "verification samples with the engine's own rule"),
     (Plugins(scheduler=lambda config, blocks: object()), {}, "subclass minibatch.engine.schedulers.Scheduler"),
     (Plugins(allocator=lambda *args, **kwargs: object()), {}, "subclass minibatch.engine.kv.BlockManager"),
 ])
@@ -196,3 +199,16 @@ def test_bad_plugins_are_refused_before_work(plugins, fields, message):
 def test_plugin_must_be_callable():
     with pytest.raises(ConfigError, match=r"Plugins.scheduler='continuous' is not allowed"):
         Plugins(scheduler="continuous")
+
+
+def test_scheduler_serves_arrivals_like_the_engines_own():
+    """Requests arriving over time, on the simulated clock: the learner's scheduler gives every request the same
+    moments as the engine's ContinuousScheduler (with batch_timeout_s=0, the engine's rule is the learner's)."""
+    from minibatch.workloads import Fixed, Poisson, make_workload
+
+    config = EngineConfig(model="tiny", clock="simulated", sim_skip_model=True, max_batch_size=2, max_tokens_per_step=32)
+    workload = make_workload(12, arrival=Poisson(4.0), output_len=Fixed(6), seed=1)
+    reports = [LLM(config, plugins=plugins).run(workload, use_tqdm=False)
+               for plugins in (None, Plugins(scheduler=JoinLeaveScheduler))]
+    moments = [[(r.ttft, r.e2e, r.num_output_tokens) for r in report.requests] for report in reports]
+    assert moments[0] == moments[1] and all(n == 6 for _, _, n in moments[1])

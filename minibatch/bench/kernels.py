@@ -52,6 +52,7 @@ def bench_decode(
     num_kv_heads: int = 3, group: int = 3, head_dim: int = 64,  # SmolLM2-135M's attention shape
     block_size: int = 16,                             # tokens per KV block
     seed: int = 0,
+    extra: dict | None = None,                        # name -> another backend object timed beside (yours, in a Plugins)
 ) -> list[dict]:
     """Time decode attention per backend; print a table and return one row per (batch, context)."""
     if statistic not in ("median", "min"):
@@ -64,8 +65,7 @@ def bench_decode(
         query, k_cache, v_cache, meta = _decode_batch(
             batch_size, context_len, num_kv_heads, group, head_dim, block_size, device, seed)
         row = {"batch_size": batch_size, "context_len": context_len}
-        for name in backends:
-            backend = get_backend(name)
+        for name, backend in [(n, get_backend(n)) for n in backends] + list((extra or {}).items()):
             call = lambda: backend.attention(query, k_cache, v_cache, meta, scale)  # noqa: E731
             row[f"{name}_ms"] = 1e3 * _seconds(call, min_run_time_s, statistic)
         row["speedup"] = row["torch_ms"] / row[f"{backends[1]}_ms"]

@@ -67,6 +67,9 @@ class Plugins:
         if config.cuda_graphs and self.attention is not None:
             raise ConfigError("Plugins.attention is not allowed with EngineConfig.cuda_graphs=True: a Python "
                               "loop over sequences cannot be captured; set cuda_graphs=False")
+        if config.sim_skip_model and (self.attention is not None or self.sampling_rule is not None):
+            raise ConfigError("Plugins.attention and Plugins.sampling_rule are not allowed with EngineConfig."
+                              "sim_skip_model=True: the model is skipped, so nothing would call them")
         if config.speculative_method and self.sampling_rule is not None:
             raise ConfigError(f"Plugins.sampling_rule is not allowed with EngineConfig.speculative_method="
                               f"{config.speculative_method!r}: verification samples with the engine's own rule; "
