@@ -46,6 +46,31 @@ def _dot(w, x_row):
 
 
 @njit(inline="always", fastmath=True)
+def _dot4(w, x0, x1, x2, x3):
+    """w (K,) against four rows at once: each weight loaded once for four products (batches of 4+)."""
+    a0, a1, a2, a3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
+    for k in range(w.shape[0]):
+        v = w[k]
+        a0 += v * x0[k]
+        a1 += v * x1[k]
+        a2 += v * x2[k]
+        a3 += v * x3[k]
+    return a0, a1, a2, a3
+
+
+@njit(inline="always", fastmath=True)
+def _products(w, x, n, out):
+    """out[:, n] = x (T, K) times one expanded row of weights w (K,): four rows of x at a time, then the rest."""
+    t = 0
+    while t + 4 <= x.shape[0]:
+        out[t, n], out[t + 1, n], out[t + 2, n], out[t + 3, n] = _dot4(w, x[t], x[t + 1], x[t + 2], x[t + 3])
+        t += 4
+    while t < x.shape[0]:
+        out[t, n] = _dot(w, x[t])
+        t += 1
+
+
+@njit(inline="always", fastmath=True)
 def _expand_q8_0(codes, d, block, w):
     """One row's int8 codes (K,) and fp32 scales (K/32,) -> its weights w (K,) = d * q."""
     for b in range(d.shape[0]):
@@ -66,9 +91,10 @@ def _expand_q4_1(codes, d, m, block, w):
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _q8_0_matmul(x, codes, scales, block, out):
-    num_rows, num_out = x.shape[0], codes.shape[0]            # x (T, K); codes (N, K) int8
-    num_blocks = scales.shape[1]                              # scales (N, K/32) uint16; out (T, N)
+def _q8_0_matmul(x, codes, scales, block):
+    num_out = codes.shape[0]                                  # x (T, K); codes (N, K) int8
+    num_blocks = scales.shape[1]                              # scales (N, K/32) uint16
+    out = np.empty((x.shape[0], num_out), np.float32)         # (T, N)
     for task in prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         bits = np.empty(num_blocks, np.uint32)                # a thread's scratch, reused for its rows
         d = np.empty(num_blocks, np.float32)
@@ -76,14 +102,15 @@ def _q8_0_matmul(x, codes, scales, block, out):
         for n in range(task * ROWS_PER_TASK, min(num_out, (task + 1) * ROWS_PER_TASK)):
             _halves_to_float(scales[n], bits, d)
             _expand_q8_0(codes[n], d, block, w)
-            for t in range(num_rows):                         # every row of x reuses the expanded weights
-                out[t, n] = _dot(w, x[t])
+            _products(w, x, n, out)                           # every row of x reuses the expanded weights
+    return out
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _q4_1_matmul(x, codes, scales, mins, block, out):
-    num_rows, num_out = x.shape[0], codes.shape[0]            # x (T, K); codes (N, K/2) uint8
-    num_blocks = scales.shape[1]                              # scales, mins (N, K/32) uint16; out (T, N)
+def _q4_1_matmul(x, codes, scales, mins, block):
+    num_out = codes.shape[0]                                  # x (T, K); codes (N, K/2) uint8
+    num_blocks = scales.shape[1]                              # scales, mins (N, K/32) uint16
+    out = np.empty((x.shape[0], num_out), np.float32)         # (T, N)
     for task in prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         bits = np.empty(num_blocks, np.uint32)                # a thread's scratch, reused for its rows
         d = np.empty(num_blocks, np.float32)
@@ -93,33 +120,32 @@ def _q4_1_matmul(x, codes, scales, mins, block, out):
             _halves_to_float(scales[n], bits, d)
             _halves_to_float(mins[n], bits, m)
             _expand_q4_1(codes[n], d, m, block, w)
-            for t in range(num_rows):                         # every row of x reuses the expanded weights
-                out[t, n] = _dot(w, x[t])
+            _products(w, x, n, out)                           # every row of x reuses the expanded weights
+    return out
 
 
-def _check(x: torch.Tensor, codes: torch.Tensor) -> np.ndarray:
-    if x.device.type != "cpu" or codes.device.type != "cpu":
-        raise ValueError(f"the Numba quantised kernels run on the CPU, but x is on {x.device}: "
+def host_arrays(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None = None) -> tuple:
+    """A weight's blocks as the kernels take them, made once per weight: zero-copy numpy views of the
+    CPU tensors, fp16 scales and minimums as their uint16 bit patterns."""
+    if codes.device.type != "cpu":
+        raise ValueError(f"the Numba quantised kernels run on the CPU, but the weight is on {codes.device}: "
                          "use quantization=None on a GPU")
-    if x.dtype != torch.float32:
-        raise ValueError(f"the Numba quantised kernels take float32 inputs, not {x.dtype}: use dtype='float32'")
+    halves = lambda t: t.contiguous().view(torch.int16).numpy().view(np.uint16)
+    return (codes.contiguous().numpy(), halves(scales)) + (() if mins is None else (halves(mins),))
+
+
+def _rows(x: torch.Tensor) -> np.ndarray:
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"the Numba quantised kernels take float32 rows on the CPU, not {x.dtype} on {x.device}: "
+                         "use dtype='float32' and device='cpu'")
     return x.detach().contiguous().numpy()
 
 
-def q8_0_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x (T, K) fp32 times the q8_0 weight (N, K) transposed: (T, N)."""
-    x_np = _check(x, codes)
-    out = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)   # (T, N), filled by the kernel
-    if x.shape[0]:
-        _q8_0_matmul(x_np, codes.numpy(), scales.view(torch.int16).numpy().view(np.uint16), BLOCK, out.numpy())
-    return out
+def q8_0_matmul(x: torch.Tensor, codes: np.ndarray, scales: np.ndarray) -> torch.Tensor:
+    """x (T, K) fp32 times the q8_0 weight (N, K) transposed: (T, N). codes, scales: from host_arrays."""
+    return torch.from_numpy(_q8_0_matmul(_rows(x), codes, scales, BLOCK))
 
 
-def q4_1_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """x (T, K) fp32 times the q4_1 weight (N, K) transposed: (T, N)."""
-    x_np = _check(x, codes)
-    out = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)   # (T, N), filled by the kernel
-    if x.shape[0]:
-        _q4_1_matmul(x_np, codes.numpy(), scales.view(torch.int16).numpy().view(np.uint16),
-                     mins.view(torch.int16).numpy().view(np.uint16), BLOCK, out.numpy())
-    return out
+def q4_1_matmul(x: torch.Tensor, codes: np.ndarray, scales: np.ndarray, mins: np.ndarray) -> torch.Tensor:
+    """x (T, K) fp32 times the q4_1 weight (N, K) transposed: (T, N). codes, scales, mins: from host_arrays."""
+    return torch.from_numpy(_q4_1_matmul(_rows(x), codes, scales, mins, BLOCK))

@@ -111,13 +111,13 @@ class QuantizedLinear:
             raise ValueError(f"QuantizedLinear kernel={kernel!r} is not allowed: choose one of {tuple(KERNELS)}")
         self.weight, self.kernel, self.shape = weight, kernel, torch.Size(weight.shape)
         self.path = f"{weight.format}-{kernel}"
+        blocks = (weight.codes, weight.scales) + (() if weight.mins is None else (weight.mins,))
+        self.blocks = quantized_numba.host_arrays(*blocks) if kernel == "numba" else blocks  # made once
+        self.matmul = getattr(KERNELS[kernel], f"{weight.format}_matmul")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(T, K) fp32 -> (T, N) fp32."""
-        w, kernel = self.weight, KERNELS[self.kernel]
-        if w.format == "q8_0":
-            return kernel.q8_0_matmul(x, w.codes, w.scales)
-        return kernel.q4_1_matmul(x, w.codes, w.scales, w.mins)
+        return self.matmul(x, *self.blocks)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual (T, N) + x (T, K) times the weight."""
