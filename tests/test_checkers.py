@@ -157,7 +157,7 @@ def test_prefix_lookup_that_counts_blocks_is_caught():
 # ---- the build track: pieces that run inside the engine ---------------------------------------
 
 from learner_pieces import FreeListAllocator, JoinLeaveScheduler, attend  # noqa: E402
-from minibatch.checks import check_allocator, check_attend, check_built_engine, check_scheduler  # noqa: E402
+from minibatch.checks import check_allocator, check_attend, check_built_engine, check_prefix_hash, check_scheduler  # noqa: E402
 
 
 def test_build_references_are_solved():
@@ -199,7 +199,8 @@ class WholeBudgetChunks(JoinLeaveScheduler):
 
 
 @pytest.mark.parametrize("wrong, named", [
-    (OffByOneSlot, r"(?s)joins while all 4 slots are taken.*admit only while len\(self.running\) < self.max_batch_size"),
+    (OffByOneSlot, r"(?s)joins while all 4 slots are taken.*"
+                   r"admit only while len\(self.running\) < self.max_batch_size"),
     (WholeBudgetChunks, r"(?s)more than max_tokens_per_step=16.*budget left"),
     (NoChunks, r"(?s)step 0: request 0 computes 0 tokens from position 0.*tokens_to_compute"),
     (NewestFirst, r"(?s)step 0 differs from the engine's continuous scheduler.*expected: \[\(0, 26\), \(1, 2\).*"
@@ -222,7 +223,8 @@ class TakesFromTheEnd(FreeListAllocator):
 
 class OneBlockPerCall(FreeListAllocator):
     def allocate(self, request_id, num_tokens, prefix=()):
-        return super().allocate(request_id, min(num_tokens, len(self.block_tables.get(request_id, ())) * self.block_size + 1))
+        held = len(self.block_tables.get(request_id, ())) * self.block_size
+        return super().allocate(request_id, min(num_tokens, held + 1))
 
 
 class KeepsFreedBlocks(FreeListAllocator):
@@ -246,8 +248,10 @@ class NoRefCounts(FreeListAllocator):
 @pytest.mark.parametrize("wrong, named", [
     (TakesFromTheEnd, r"(?s)after allocate\(0, 1\) \(block_size 4.*expected: block_tables \{0: \[0\]\}.*"
                       r"got: +block_tables \{0: \[7\]\}.*take new blocks from the front of free_blocks"),
-    (OneBlockPerCall, r"(?s)allocate\(request 1, 9 tokens\), step 0: request 1's table \[\d\] holds fewer than 9 tokens"),
-    (KeepsFreedBlocks, r"(?s)free\(request 0\), step 0: blocks \[0, 1\] are neither free nor held.*back to free_blocks"),
+    (OneBlockPerCall, r"(?s)allocate\(request 1, 9 tokens\), step 0: request 1's table \[\d\] holds fewer "
+                      r"than 9 tokens"),
+    (KeepsFreedBlocks, r"(?s)free\(request 0\), step 0: blocks \[0, 1\] are neither free nor held.*"
+                       r"back to free_blocks"),
     (NoRefCounts, r"(?s)block 0 is in 1 block table\(s\) but ref_counts\[0\] is None"),
 ])
 def test_allocator_mistakes_are_caught(wrong, named):
@@ -284,9 +288,36 @@ def test_attention_mistakes_are_caught(wrong, named):
     ((JoinLeaveScheduler, FreeListAllocator, lambda q, k, v, t, c, s: attend(q, k, v, t, c, 1.0)),
      r"(?s)with your scheduler, allocator and attention and EngineConfig\(.*\), request 0's tokens differ from "
      r"transformers' generate\(\):\n  expected: \[.*\]\n  got: "),
-    ((JoinLeaveScheduler, KeepsFreedBlocks, attend), r"(?s)the engine stopped your pieces:\nallocator KeepsFreedBlocks.free"),
+    ((JoinLeaveScheduler, KeepsFreedBlocks, attend),
+     r"(?s)the engine stopped your pieces:\nallocator KeepsFreedBlocks.free"),
     ((OffByOneSlot, FreeListAllocator, attend), r"(?s)the engine stopped your pieces:\nscheduler OffByOneSlot.admit"),
 ])
 def test_built_engine_mistakes_are_caught(pieces, named):
     with pytest.raises(AssertionError, match=named):
         check_built_engine(*pieces)
+
+
+def _sha_chain(parent, tokens):
+    import hashlib
+
+    import numpy as np
+    return hashlib.sha256(parent + np.asarray(tokens, dtype="<i8").tobytes()).digest()
+
+
+def test_prefix_hash_reference_is_solved():
+    assert check_prefix_hash(_sha_chain).solved
+
+
+_calls = iter(range(10 ** 9))
+
+
+@pytest.mark.parametrize("wrong, named", [
+    (lambda parent, tokens: _sha_chain(b"", tokens), r"(?s)the same tokens after a different prefix got the same name"
+                                                     r".*chain the parent in"),
+    (lambda parent, tokens: _sha_chain(parent, tokens[:-1]), r"\(token 3 differs\) got the same name"),
+    (lambda parent, tokens: _sha_chain(parent, tokens) + bytes([next(_calls) % 256]), r"then b'"),
+    (lambda parent, tokens: list(_sha_chain(parent, tokens)), r"it returned list .* cannot be a dict key"),
+])
+def test_prefix_hash_mistakes_are_caught(wrong, named):
+    with pytest.raises(AssertionError, match=named):
+        check_prefix_hash(wrong)

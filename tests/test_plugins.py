@@ -3,7 +3,6 @@ planted broken piece is stopped by the engine's guard with a message naming the 
 import itertools
 
 import pytest
-import torch
 
 from conftest import reference_greedy
 from learner_pieces import FreeListAllocator, JoinLeaveScheduler, attend, greedy
@@ -39,7 +38,8 @@ def reference(tiny_hf):
     (Plugins(sampling_rule=greedy), {}),
     (Plugins(prefix_hash=hash_block), {"enable_prefix_caching": True}),
     (Plugins(scheduler=JoinLeaveScheduler, allocator=FreeListAllocator, attention=attend), {}),
-], ids=["scheduler", "engine-continuous", "engine-prefill-first", "engine-static", "allocator", "attention", "sampling", "prefix-hash", "all"])
+], ids=["scheduler", "engine-continuous", "engine-prefill-first", "engine-static", "allocator", "attention",
+        "sampling", "prefix-hash", "all"])
 def test_correct_pieces_serve_the_reference_tokens(plugins, fields, reference):
     outputs, engine = serve(plugins, **fields)
     assert outputs == reference
@@ -152,7 +152,8 @@ def first_token_hash(parent, tokens):
 
 
 @pytest.mark.parametrize("plugins, fields, message", [
-    (Plugins(scheduler=NoSlotLimit), {"max_tokens_per_step": 512}, r"admit, step 0: request 3 joins while all 3 slots are taken \(running: \[0, 1, 2\]\)"),
+    (Plugins(scheduler=NoSlotLimit), {"max_tokens_per_step": 512},
+     r"admit, step 0: request 3 joins while all 3 slots are taken \(running: \[0, 1, 2\]\)"),
     (Plugins(scheduler=WholePrompts), {}, r"more than max_tokens_per_step=16"),
     (Plugins(scheduler=Twice), {}, r"step 0: request \d is scheduled twice in one step"),
     (Plugins(scheduler=FirstOnly), {}, r"step 0: request 1 is running but computes nothing"),
@@ -166,13 +167,14 @@ def first_token_hash(parent, tokens):
     (Plugins(allocator=NoRefCounts), {}, r"ref_counts\[\d+\] is None"),
     (Plugins(attention=last_row_only), {}, r"attention last_row_only, step 0: for request 0 in layer 0 \(9 query rows"),
     (Plugins(attention=no_max_subtracted), {}, r"returned inf or nan"),
-    (Plugins(sampling_rule=vocab_size_token), {}, r"(?s)row 0 \(request 0\) got 259.*an integer token id in \[0, 259\)"),
+    (Plugins(sampling_rule=vocab_size_token), {},
+     r"(?s)row 0 \(request 0\) got 259.*an integer token id in \[0, 259\)"),
     (Plugins(prefix_hash=counting_hash), {"enable_prefix_caching": True}, r"got 0, then 1"),
     (Plugins(prefix_hash=tokens_only_hash), {"enable_prefix_caching": True}, r"after a different prefix"),
     (Plugins(prefix_hash=first_token_hash), {"enable_prefix_caching": True}, r"\(token 3 differs\) got the same name"),
-], ids=["batch-size", "budget", "twice", "starves", "never-admits", "no-blocks", "keeps-slots", "never-frees", "block-twice",
-        "loses-blocks", "ref-counts", "attention-shape", "attention-nan", "sampling-range", "hash-random",
-        "hash-no-parent", "hash-first-token"])
+], ids=["batch-size", "budget", "twice", "starves", "never-admits", "no-blocks", "keeps-slots", "never-frees",
+        "block-twice", "loses-blocks", "ref-counts", "attention-shape", "attention-nan", "sampling-range",
+        "hash-random", "hash-no-parent", "hash-first-token"])
 def test_planted_mistake_is_named(plugins, fields, message):
     with pytest.raises(InvariantError, match=message):
         serve(plugins, **fields)
@@ -206,7 +208,8 @@ def test_scheduler_serves_arrivals_like_the_engines_own():
     moments as the engine's ContinuousScheduler (with batch_timeout_s=0, the engine's rule is the learner's)."""
     from minibatch.workloads import Fixed, Poisson, make_workload
 
-    config = EngineConfig(model="tiny", clock="simulated", sim_skip_model=True, max_batch_size=2, max_tokens_per_step=32)
+    config = EngineConfig(model="tiny", clock="simulated", sim_skip_model=True, max_batch_size=2,
+                          max_tokens_per_step=32)
     workload = make_workload(12, arrival=Poisson(4.0), output_len=Fixed(6), seed=1)
     reports = [LLM(config, plugins=plugins).run(workload, use_tqdm=False)
                for plugins in (None, Plugins(scheduler=JoinLeaveScheduler))]

@@ -29,5 +29,5 @@ from minibatch.checks.why_batch import check_roofline_tokens_per_s
 from minibatch.checks.chunking import check_burst_lab, check_long_prompt_ttft, check_pick_token_budget
 from minibatch.checks.slm_vs_llm import check_saturating_batch
 from minibatch.checks.prefix_caching import check_prefix_hits
-from minibatch.checks.build import check_allocator, check_built_engine, check_scheduler
+from minibatch.checks.build import check_allocator, check_built_engine, check_prefix_hash, check_scheduler
 from minibatch.checks.build_kernel import check_attend

@@ -1,4 +1,4 @@
-"""The build track (chapters 03, 06 and the capstone): your scheduler and block allocator, run inside the engine.
+"""The build track (chapters 03, 06, 07, capstone): your scheduler, allocator and prefix hash inside the engine.
 
 Each checker plugs the learner's piece into a real engine (`LLM(config, plugins=Plugins(...))`) on
 the `tiny` model, with the engine's guards on (`minibatch.engine.guards`): a broken rule stops the run
@@ -105,10 +105,12 @@ def check_scheduler(scheduler_class):
     for seed, (fields, count, longest) in enumerate(SCHEDULER_RUNS):
         prompts = _prompts(count, longest, seed)
         _, theirs, _ = serve(fields, prompts)
-        outputs, mine, _ = _engine_error("scheduler", lambda: serve(fields, prompts, Plugins(scheduler=scheduler_class)))
+        plugins = Plugins(scheduler=scheduler_class)
+        outputs, mine, _ = _engine_error("scheduler", lambda: serve(fields, prompts, plugins))
         step = _first_difference(mine, theirs)
         if step is not None:
-            got, want = (mine[step] if step < len(mine) else "nothing"), (theirs[step] if step < len(theirs) else "nothing")
+            got = mine[step] if step < len(mine) else "nothing"
+            want = theirs[step] if step < len(theirs) else "nothing"
             raise AssertionError(
                 f"with EngineConfig({fields}) and {count} requests arriving at once, step {step} differs from the "
                 f"engine's continuous scheduler ((request id, tokens) of each sequence):\n  expected: {want}\n"
@@ -118,7 +120,8 @@ def check_scheduler(scheduler_class):
 
 
 def _grow_and_free(allocator_class, block_size: int, order: list[int], steps: list[tuple[int, int]]):
-    """Drive an allocator by hand: (request id, tokens) grows a table, (request id, 0) frees it; the state after each."""
+    """Drive an allocator by hand: (request id, tokens) grows a table, (request id, 0) frees it; the state
+    after each call."""
     from collections import deque
 
     from minibatch.engine.guards import guard_allocator
@@ -160,7 +163,8 @@ def check_allocator(allocator_class):
                 "  (take new blocks from the front of free_blocks, give freed ones back at its end, in table order)")
     for seed, (fields, count, longest) in enumerate(ALLOCATOR_RUNS):
         prompts = _prompts(count, longest, 10 + seed)
-        outputs, _, engine = _engine_error("allocator", lambda: serve(fields, prompts, Plugins(allocator=allocator_class)))
+        plugins = Plugins(allocator=allocator_class)
+        outputs, _, engine = _engine_error("allocator", lambda: serve(fields, prompts, plugins))
         assert engine.blocks.num_free_blocks == engine.blocks.num_blocks, (
             f"with EngineConfig({fields}), {engine.blocks.num_blocks - engine.blocks.num_free_blocks} blocks were not "
             "back in the free list after every request ended")
@@ -221,3 +225,41 @@ def side_by_side(workload, plugins, model: str = "smollm2-135m", use_tqdm: bool 
         gc.collect()
     reference = reference_outputs(load_hf(model)[0], prompts, [w.params.max_new_tokens for w in workload], use_tqdm)
     return SideBySide(reports, outputs, reference)
+
+
+def _shared_prefix_prompts(seed: int, count: int, system_len: int, block_size: int) -> list[list[int]]:
+    """Prompts that share one of two system prefixes (or none), then a question of their own."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    systems = [rng.integers(3, 200, system_len).tolist() for _ in range(2)]
+    prompts = []
+    for i in range(count):
+        head = systems[i % 3] if i % 3 < 2 else []
+        prompts.append(head + rng.integers(3, 200, int(rng.integers(1, 2 * block_size))).tolist())
+    return prompts
+
+
+HASH_RUNS = [  # EngineConfig fields, number of prompts, system prefix length
+    ({"max_batch_size": 1, "block_size": 4, "enable_prefix_caching": True}, 7, 18),     # one at a time: reuse
+    ({"max_batch_size": 4, "block_size": 8, "enable_prefix_caching": True, "num_kv_blocks": 24}, 9, 33),  # eviction
+]
+
+
+@checker("your prefix hash hash_fn(parent_hash, token_ids), naming the engine's cached blocks")
+def check_prefix_hash(hash_fn):
+    """The engine serves shared-prefix prompts with the learner's hash: same cache hits as with its own, same tokens."""
+    from minibatch import Plugins
+
+    for seed, (fields, count, system_len) in enumerate(HASH_RUNS):
+        prompts = _shared_prefix_prompts(seed, count, system_len, fields["block_size"])
+        _, _, theirs = serve(fields, prompts)
+        outputs, _, mine = _engine_error("prefix hash", lambda: serve(fields, prompts, Plugins(prefix_hash=hash_fn)))
+        found = [[r.num_cached_tokens for r in engine.requests.values()] for engine in (mine, theirs)]
+        assert found[0] == found[1], (
+            f"with EngineConfig({fields}) and prompts sharing a {system_len}-token prefix, the prompt tokens found in "
+            f"the cache differ from those the engine's own hash finds:\n  expected: {found[1]}\n"
+            f"  got:      {found[0]}\n"
+            "  (two blocks must get the same name exactly when their tokens and every token before them are equal)")
+        _check_tokens(outputs, prompts, fields, "prefix hash")
+    return len(HASH_RUNS)

@@ -29,11 +29,12 @@ COLUMNS = {"cache": "prefix cache", "prefill_tokens": "prefill tokens computed",
 
 def shared_prompt_run(system_len: int = 256, num_system_prompts: int = 1, enable_prefix_caching: bool = True,
                       num_kv_blocks: int | None = None, num_requests: int = 32, rate: float = 1.0,
-                      model: str = "smollm2-135m", sim_profile: str | None = None, seed: int = 0):
-    """Serve the shared-system-prompt workload on the simulated clock; returns (RunReport, numbers)."""
+                      model: str = "smollm2-135m", sim_profile: str | None = None, seed: int = 0, plugins=None):
+    """Serve the shared-system-prompt workload on the simulated clock (with `plugins`' pieces, if given);
+    returns (RunReport, numbers)."""
     llm = LLM(EngineConfig(model=model, clock="simulated", sim_skip_model=True, sim_profile=sim_profile or
                            EngineConfig.sim_profile, block_size=BLOCK_SIZE, num_kv_blocks=num_kv_blocks,
-                           max_batch_size=8, enable_prefix_caching=enable_prefix_caching))
+                           max_batch_size=8, enable_prefix_caching=enable_prefix_caching), plugins=plugins)
     workload = shared_prompt_workload(llm.tokenizer, num_requests, system_len, num_system_prompts, Poisson(rate),
                                       Fixed(16), seed)
     report = llm.run(workload, use_tqdm=False)
