@@ -56,7 +56,7 @@ def serve(fields: dict, prompts: list[list[int]], plugins=None):
     A plan is the (request id, tokens computed) of each scheduled sequence, in order."""
     from minibatch import LLM, EngineConfig, SamplingParams
 
-    llm = LLM(EngineConfig(model="tiny", **fields), plugins=plugins)
+    llm = LLM(EngineConfig(model="tiny", device="cpu", **fields), plugins=plugins)   # float32: exact tokens
     plans, schedule = [], llm.engine.scheduler.schedule
 
     def recorded(now):
@@ -207,7 +207,9 @@ class SideBySide:
 
 def side_by_side(workload, plugins, model: str = "smollm2-135m", use_tqdm: bool = True, **fields) -> SideBySide:
     """Serve `workload` with EngineConfig(model, **fields), the engine's pieces then `plugins`, and compute
-    transformers' greedy tokens for its prompts (the workload's requests set `ignore_eos`)."""
+    transformers' greedy tokens for its prompts (the workload's requests set `ignore_eos`). The engine runs
+    on the CPU in float32 unless `fields` say otherwise, so that the tokens compare exactly."""
+    fields = {"device": "cpu", **fields}
     import gc
 
     from minibatch import LLM, EngineConfig
