@@ -2,15 +2,17 @@
 
 Runs are interleaved (A B C D, A B C D, ...) rather than grouped (A A A, B B B), so a change in the
 machine's speed during the benchmark (another program, the CPU heating up) falls on every system
-alike. Each measured run's outputs are compared with the greedy reference; a system is verified
-only if every one of its runs matched. The order the runs actually took is kept with the results.
+alike. Each measured run's outputs are compared with the greedy reference of the system's dtype
+(exactly, or by the near-tie rule: see check.py); a system is verified only if every one of its runs
+matched. A system that runs only some max batch sizes (llama.cpp: batch 1) sits out the others. The
+order the runs actually took is kept with the results.
 """
 from __future__ import annotations
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from minibatch.bench.check import compare, merge
+from minibatch.bench.check import merge
 from minibatch.bench.workloads import BenchWorkload, poisson_arrivals
 
 ONLINE_METRICS = ("throughput_tok_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s", "mean_e2e_s")
@@ -24,40 +26,59 @@ def spread(values) -> dict:
     return {"median": float(np.median(values)), "min": min(values), "max": max(values), "samples": values}
 
 
-def run_offline(systems, workload: BenchWorkload, reference, batch_sizes, reps: int, use_tqdm: bool = True) -> dict:
-    """Every system at every max batch size, `reps` interleaved times; each system's best batch size."""
-    order, runs = [], {s.name: {bs: [] for bs in batch_sizes} for s in systems}
-    with tqdm(total=len(batch_sizes) * reps * len(systems), desc="offline", unit="run", disable=not use_tqdm) as bar:
+def runs_at(system, batch_size: int) -> bool:
+    return system.batch_sizes is None or batch_size in system.batch_sizes
+
+
+def check(system, outputs, references: dict):
+    """The system's outputs against the reference of its dtype (references: {dtype: check.Reference})."""
+    return references[system.reference].check(outputs, system.tie_tolerance)
+
+
+def run_offline(systems, workload: BenchWorkload, references: dict, batch_sizes, reps: int, use_tqdm: bool = True,
+                batch_one_requests: int | None = None) -> dict:
+    """Every system at every max batch size it runs, `reps` interleaved times; each system's best batch size.
+    At max batch size 1, only the first `batch_one_requests` requests (None: all) are served."""
+    order, runs = [], {s.name: {bs: [] for bs in batch_sizes if runs_at(s, bs)} for s in systems}
+    total = sum(reps for s in systems for bs in batch_sizes if runs_at(s, bs))
+    with tqdm(total=total, desc="offline", unit="run", disable=not use_tqdm) as bar:
         for bs in batch_sizes:
-            for system in systems:
+            here = [s for s in systems if runs_at(s, bs)]
+            n = batch_one_requests if bs == 1 and batch_one_requests else len(workload.prompts)
+            served, refs = workload.head(n), {k: r.head(n) for k, r in references.items()}
+            for system in here:
                 system.prepare(bs, workload.max_len)
             for rep in range(reps):
-                for system in systems:
+                for system in here:
                     bar.set_postfix_str(f"{system.name} batch {bs}")
-                    result = system.offline(workload.prompts, workload.output_lens)
-                    runs[system.name][bs].append((result, compare(result.outputs, reference)))
+                    result = system.offline(served.prompts, served.output_lens)
+                    runs[system.name][bs].append((result, check(system, result.outputs, refs)))
                     order.append({"system": system.name, "batch_size": bs, "rep": rep})
                     bar.update(1)
-            for system in systems:
+            for system in here:
                 system.release()
     out = {"order": order, "systems": {}}
     for system in systems:
         rows, matches = [], []
-        for bs in batch_sizes:
+        if not runs[system.name]:
+            continue                                      # no batch size it runs was measured
+        for bs in runs[system.name]:
             results, row_matches = zip(*runs[system.name][bs])
             matches.append(merge(row_matches))
-            rows.append({"batch_size": bs, "tok_s": spread(r.tok_s for r in results),
+            rows.append({"batch_size": bs, "requests": len(results[0].outputs),
+                         "tok_s": spread(r.tok_s for r in results),
                          "seconds": spread(r.seconds for r in results), "match": matches[-1].to_dict(),
                          "steps": spread(len(r.steps) for r in results) if results[0].steps else None})
         best = max(rows, key=lambda row: row["tok_s"]["median"])
         match = merge(matches)
         out["systems"][system.name] = {"label": system.label, "verified": match.exact, "match": match.to_dict(),
+                                       "reference": system.reference, "tie_tolerance": system.tie_tolerance,
                                        "best_batch_size": best["batch_size"], "by_batch_size": rows}
     return out
 
 
-def run_online(systems, workload: BenchWorkload, reference, batch_size_of: dict, rates, reps: int, seed: int = 0,
-               use_tqdm: bool = True) -> dict:
+def run_online(systems, workload: BenchWorkload, references: dict, batch_size_of: dict, rates, reps: int,
+               seed: int = 0, use_tqdm: bool = True) -> dict:
     """Each system at its batch size, serving Poisson arrivals at every rate, `reps` interleaved times."""
     order, runs = [], {s.name: {rate: [] for rate in rates} for s in systems}
     for system in systems:
@@ -70,7 +91,7 @@ def run_online(systems, workload: BenchWorkload, reference, batch_size_of: dict,
                 for system in systems:
                     bar.set_postfix_str(f"{system.name} {rate:.2g} req/s")
                     result = system.online(workload.prompts, workload.output_lens, arrivals)
-                    runs[system.name][rate].append((result.report.summary(), compare(result.outputs, reference)))
+                    runs[system.name][rate].append((result.report.summary(), check(system, result.outputs, references)))
                     order.append({"system": system.name, "rate": rate, "rep": rep})
                     bar.update(1)
     for system in systems:

