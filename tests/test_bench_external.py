@@ -28,7 +28,7 @@ def load(spec):
     return spec, {{"version": "fake-1.0", "threads": os.environ.get("OMP_NUM_THREADS"),
                   "pythonpath": os.environ.get("PYTHONPATH"), "weight_bytes": 1000}}
 
-def generate(spec, prompts, output_lens):
+def generate(spec, prompts, output_lens, batch_size):
     print("generating")
     if spec.get("fail_generate"):
         raise ValueError("no tokens today")
@@ -74,7 +74,8 @@ def fake_peers(tmp_path, monkeypatch):
 
 def test_a_runner_answers_job_after_job_through_the_peers_own_python(fake_peers):
     peer = FakePeer(fake_peers)
-    peer.prepare(1, 16)
+    peer.prepare(1, 16)                                              # it loads in the background
+    peer.wait_ready()
     try:
         assert peer.info["ready"] and peer.info["version"] == "fake-1.0" and peer.info["load_s"] >= 0
         assert peer.info["pythonpath"] is None                       # the peer keeps to its own packages
@@ -83,7 +84,7 @@ def test_a_runner_answers_job_after_job_through_the_peers_own_python(fake_peers)
             result = peer.offline([[1, 2, 3], [7]], [3, 2])
             assert result.outputs == [[3, 4, 5], [7, 8]] and result.seconds >= 0
     finally:
-        peer.release()
+        peer.close()
     assert peer.runner is None
 
 
@@ -93,8 +94,11 @@ def test_a_failing_peer_is_reported_with_its_error_and_log(fake_peers):
     with pytest.raises(RuntimeError, match="no tokens today"):
         peer.offline([[1]], [2])
     peer.release()
+    broken = FakePeer(fake_peers, fail_load=True)
+    broken.prepare(1, 16)
     with pytest.raises(RuntimeError, match="ended without answering.*exit code 3"):
-        FakePeer(fake_peers, fail_load=True).prepare(1, 16)
+        broken.wait_ready()
+    broken.close()
 
 
 def test_missing_peers_are_skipped_with_the_command_that_installs_them(tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ def greedy_kwargs(max_new_tokens: int) -> dict:
     return {"do_sample": False, "max_new_tokens": max_new_tokens, "min_new_tokens": None, "eos_token_id": None}
 
 
-BF16_TIE_TOLERANCE = 0.25  # logits this close at the top are a tie in bfloat16 (8-bit mantissa; logits ~10-30)
+BF16_TIE_TOLERANCE = 0.25  # a tie in bfloat16: top-2 logits equal or one step apart (0.125 for logits of 16-32)
 PEER_TIE_TOLERANCE = 0.25  # the same for llama.cpp's formats (its matrix products quantise activations to 8 bits)
 
 

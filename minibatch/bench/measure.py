@@ -48,6 +48,8 @@ def run_offline(systems, workload: BenchWorkload, references: dict, batch_sizes,
             served, refs = workload.head(n), {k: r.head(n) for k, r in references.items()}
             for system in here:
                 system.prepare(bs, workload.max_len)
+            for system in here:                       # every engine loaded before any run is timed
+                system.wait_ready()
             for rep in range(reps):
                 for system in here:
                     bar.set_postfix_str(f"{system.name} batch {bs}")
@@ -57,6 +59,8 @@ def run_offline(systems, workload: BenchWorkload, references: dict, batch_sizes,
                     bar.update(1)
             for system in here:
                 system.release()
+    for system in systems:
+        system.close()
     out = {"order": order, "systems": {}}
     for system in systems:
         rows, matches = [], []

@@ -70,8 +70,15 @@ class System:
     def online(self, prompts: list, output_lens: list, arrivals: list) -> RunResult:
         raise NotImplementedError
 
+    def wait_ready(self) -> None:
+        """Return once what prepare started is ready to serve (peers load in the background)."""
+
     def release(self) -> None:
         """Drop what prepare built, so the next batch size starts from free memory."""
+
+    def close(self) -> None:
+        """Drop everything, at the end of a run (some systems keep their engine between batch sizes)."""
+        self.release()
 
 
 class Minibatch(System):

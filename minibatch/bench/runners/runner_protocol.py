@@ -2,8 +2,9 @@
 
 The benchmark starts `<peer python> <runner script>` and writes to its standard input:
 
-    {"model": ..., "batch_size": 8, "max_len": 160, ...}          the spec: what to load, once
-    {"prompts": [[1, 2, ...], ...], "output_lens": [64, ...]}      a job: serve these, greedy, ignoring EOS
+    {"model": ..., "max_len": 160, ...}                            the spec: what to load, once
+    {"prompts": [[1, 2, ...], ...], "output_lens": [64, ...],      a job: serve these, greedy, ignoring EOS,
+     "batch_size": 8}                                              at most batch_size at a time
     ...                                                            (more jobs; end of input ends the runner)
 
 and reads from its standard output one line per line it wrote:
@@ -42,7 +43,8 @@ def send(channel, message: dict) -> None:
 
 
 def serve(load, generate) -> int:
-    """Run the conversation. load(spec) -> (state, info dict); generate(state, prompts, output_lens) -> tokens."""
+    """Run the conversation. load(spec) -> (state, info dict); generate(state, prompts, output_lens, batch_size)
+    -> the tokens of each request."""
     channel = open_channel()
     try:
         start = time.perf_counter()
@@ -55,7 +57,7 @@ def serve(load, generate) -> int:
         try:
             job = json.loads(line)
             start = time.perf_counter()
-            outputs = generate(state, job["prompts"], job["output_lens"])
+            outputs = generate(state, job["prompts"], job["output_lens"], job.get("batch_size", 1))
             seconds = time.perf_counter() - start
             send(channel, {"outputs": [[int(t) for t in tokens] for tokens in outputs], "seconds": seconds})
         except Exception:
