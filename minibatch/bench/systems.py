@@ -83,33 +83,41 @@ class System:
 
 class Minibatch(System):
     """minibatch's LLM with one scheduler; the KV pool holds every slot's longest request, so nothing is preempted.
-    dtype "bfloat16" is named minibatch-bf16 and checked against transformers in bfloat16 by the near-tie rule."""
+    dtype "bfloat16" is named minibatch-bf16 and checked against transformers in bfloat16 by the near-tie rule;
+    a quantization (with the edge scheduler: batch 1) is named minibatch-<format>, its tokens checked exactly."""
 
     serves_online = True
 
     def __init__(self, model: str, scheduler: str, device: str = "auto", attention_backend: str = "torch",
-                 dtype: str = "auto"):
+                 dtype: str = "auto", quantization: str | None = None):
         self.model, self.scheduler, self.device, self.backend = model, scheduler, device, attention_backend
-        self.dtype = dtype
+        self.dtype, self.quantization, self.decode_bytes = dtype, quantization, None
         self.name, self.label = f"minibatch-{scheduler}", f"minibatch {scheduler}"
         if dtype == "bfloat16":
             self.name, self.label = "minibatch-bf16", f"minibatch {scheduler}, bfloat16"
             self.reference, self.tie_tolerance = "bfloat16", BF16_TIE_TOLERANCE
+        if quantization:
+            self.name, self.label = f"minibatch-{quantization}", f"minibatch {scheduler}, {quantization} weights"
+        if scheduler == "edge":
+            self.batch_sizes = (1,)
         self.llm: LLM | None = None
 
     def weight_bytes(self, size) -> int:
+        """What its model says a decode step reads (the weights in their format), else fp32/bf16 parameters."""
         value_bytes = 2 if self.dtype in ("bfloat16", "float16") else 4
-        return value_bytes * (size.body_params + size.lm_head_params)
+        return self.decode_bytes or value_bytes * (size.body_params + size.lm_head_params)
 
     def config(self, batch_size: int, max_len: int) -> EngineConfig:
         return EngineConfig(model=self.model, device=self.device, dtype=self.dtype, scheduler=self.scheduler,
                             max_batch_size=batch_size, attention_backend=self.backend, block_size=BLOCK_SIZE,
+                            quantization=self.quantization,
                             max_model_len=max_len,
                             num_kv_blocks=batch_size * blocks_for(max_len, BLOCK_SIZE))
 
     def prepare(self, batch_size: int, max_len: int) -> None:
         self.release()
         self.llm = LLM(self.config(batch_size, max(max_len, 8)))
+        self.decode_bytes = getattr(self.llm.engine.model, "decode_weight_bytes", lambda: None)()
         self.llm.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
 
     @staticmethod

@@ -21,7 +21,7 @@ from pathlib import Path
 SCHEMA = "minibatch-peers/1"
 FOLDER = Path(__file__).resolve().parent
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
-MINIBATCH = ("minibatch-continuous", "minibatch-bf16")     # set against each peer, in this order
+MINIBATCH = ("minibatch-continuous", "minibatch-bf16", "minibatch-q4_1")     # set against each peer, in this order
 CONDITIONS = ("interleaved runs (every system once per round), medians with min-max; the machine was running "
               "other work at the same time (load averages recorded), so ranges are wide")
 
