@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minibatch.engine.kernels import fused_cpu
 from minibatch.engine.models import LoadedModel, rope_theta
 from minibatch.engine.models.linear import Linear
 from minibatch.engine.models.shape import ModelShape
@@ -43,7 +44,9 @@ class LlamaModel(ModelShape):
         self.eps = cfg.rms_norm_eps
         self.scale = self.head_dim ** -0.5
         sd = loaded.state_dict
-        put = lambda t: t.to(device=device, dtype=dtype).contiguous()
+        # Copies, never views: a view of a loaded weight would keep the whole checkpoint file mapped, and
+        # resident, for as long as the engine lives (the packed copies are all a step reads).
+        put = lambda t: t.to(device=device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)
         linear = linear_builder(loaded, quantization, put)                  # names of stacked weights -> product
         self.tied = sd["lm_head.weight"].data_ptr() == sd["model.embed_tokens.weight"].data_ptr()
         self.embed = put(sd["model.embed_tokens.weight"])                  # (V, C), stays plain for lookups
@@ -62,6 +65,7 @@ class LlamaModel(ModelShape):
                 "gate_up": linear(mlp),                                     # (2 I, C)
                 "down": linear([p + "mlp.down_proj.weight"]),               # (C, I)
             })
+        self.fused = fused_cpu.supports(self.embed)  # float32 on CPU: the small parts run as compiled loops
         # Rotary tables, computed in fp32 like transformers, then cast.
         inv_freq = 1.0 / (rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # (P, D/2)
@@ -94,32 +98,44 @@ class LlamaModel(ModelShape):
 
         num_layers runs only the first layers before the final norm and LM head (a layer-skip draft).
         """
-        x, cos, sin = self.embed_inputs(input_ids, positions)              # (T, C), (T, 1, D), (T, 1, D)
+        x, rotary = self.embed_inputs(input_ids, positions)                # (T, C), see embed_inputs
         for layer, k_cache, v_cache in zip(self.layers[:num_layers], kv_cache.k, kv_cache.v):
             h = self.norm(x, layer["attn_norm"])
-            x = self.attention(h, x, layer, cos, sin, k_cache, v_cache, slot_mapping, meta, backend)
+            x = self.attention(h, x, layer, rotary, k_cache, v_cache, slot_mapping, meta, backend)
             h = self.norm(x, layer["mlp_norm"])
             x = self.mlp(h, x, layer)
         return self.lm_head_logits(self.norm(x[logits_rows], self.final_norm))  # (S, V)
 
     # The kinds of work in a forward pass, one method each, so the step profiler can time them.
     def embed_inputs(self, input_ids, positions):
-        """Token embeddings (T, C) and the rotary cos/signed sin (T, 1, D) of each token's position."""
-        return self.embed[input_ids], self.cos[positions][:, None], self.signed_sin[positions][:, None]
+        """Token embeddings (T, C) and the rotary inputs: positions (T,) with the cos/signed sin (T, 1, D) of
+        each position, or with the whole (P, D) tables when the fused CPU kernels look positions up themselves."""
+        x = self.embed[input_ids]                                           # (T, C)
+        if self.fused:
+            return x, (positions, self.cos, self.signed_sin)               # the (P, D) tables, read by position
+        return x, (positions, self.cos[positions][:, None], self.signed_sin[positions][:, None])
 
     def norm(self, x, weight):
+        if self.fused:
+            return fused_cpu.rms_norm(x, weight, self.eps)
         return rms_norm(x, weight, self.eps)
 
-    def attention(self, h, residual, layer, cos, sin, k_cache, v_cache, slot_mapping, meta, backend):
+    def attention(self, h, residual, layer, rotary, k_cache, v_cache, slot_mapping, meta, backend):
         """residual (T, C) plus the self-attention of the normed rows h (T, C): q|k|v, rotary, KV write,
         paged attention, output projection (the residual added by the product itself where it can)."""
         T = h.shape[0]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        qk, v = layer["qkv"](h).split([(H + Hkv) * D, Hkv * D], dim=-1)
-        qk = qk.reshape(T, H + Hkv, D)
-        qk = qk * cos + qk.roll(D // 2, dims=-1) * sin                      # (T, H + Hkv, D): q and k rotated together
-        q, k, v = qk[:, :H], qk[:, H:], v.reshape(T, Hkv, D)                # (T, H, D), (T, Hkv, D), (T, Hkv, D)
-        backend.write_kv(k, v, k_cache, v_cache, slot_mapping)
+        positions, cos, sin = rotary
+        if self.fused and fused_cpu.writes_plain_kv(backend):               # one compiled loop: rotate, write K/V
+            q = fused_cpu.rotary_write_kv(layer["qkv"](h), positions, cos, sin, k_cache, v_cache, slot_mapping, H)
+        else:
+            if self.fused:                                                  # another backend: its own KV write
+                cos, sin = cos[positions][:, None], sin[positions][:, None]   # (T, 1, D) each
+            qk, v = layer["qkv"](h).split([(H + Hkv) * D, Hkv * D], dim=-1)
+            qk = qk.reshape(T, H + Hkv, D)
+            qk = qk * cos + qk.roll(D // 2, dims=-1) * sin                  # (T, H + Hkv, D): q and k rotated together
+            q, k, v = qk[:, :H], qk[:, H:], v.reshape(T, Hkv, D)            # (T, H, D), (T, Hkv, D), (T, Hkv, D)
+            backend.write_kv(k, v, k_cache, v_cache, slot_mapping)
         attn = backend.attention(q, k_cache, v_cache, meta, self.scale)      # (T, H, D)
         return layer["o"].add_to(residual, attn.reshape(T, H * D))          # (T, C)
 

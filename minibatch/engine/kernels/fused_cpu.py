@@ -1,0 +1,97 @@
+"""The small parts of a decode step fused into one compiled loop each, on the CPU (Numba).
+
+A decode step multiplies a handful of rows by every weight matrix; between those products a
+layer runs dozens of tiny torch operators (the RMSNorm alone is a dozen: pow, mean, add, rsqrt,
+two multiplies, casts), each with its dispatch and thread start-up, for a few hundred numbers.
+At batch 1 that bookkeeping costs as much as reading a third of the weights. Here each part is
+one loop over the rows, compiled once and run on the calling thread:
+
+- `rms_norm(x, weight, eps)`: x / sqrt(mean(x^2) + eps) * weight, row by row;
+- `rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_mapping, num_heads)`:
+  rotate the query and key heads of the fused q|k|v product, store the new keys and values in
+  their cache slots, and return the rotated queries (T, Hq, D), all in one pass.
+
+Each product and sum is rounded to float32 in the order transformers computes it, so the results
+equal its operators' up to the order of the 576 additions inside a norm's sum of squares.
+Inputs are float32 CPU tensors handed over as zero-copy numpy views; compiled code is cached on disk.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+
+@njit(cache=True)
+def _rms_norm(x, weight, eps, out):
+    rows, width = x.shape                                  # x, out: (T, C)
+    for t in range(rows):
+        squares = np.float32(0.0)
+        for c in range(width):
+            squares += x[t, c] * x[t, c]
+        inv_rms = np.float32(1.0) / np.sqrt(squares / np.float32(width) + eps)
+        for c in range(width):
+            out[t, c] = weight[c] * (x[t, c] * inv_rms)
+
+
+@njit(cache=True)
+def _rotate(x, base, cos, signed_sin, out):
+    """out (D,) = x[base:base + D] * cos + rotate_half(x[base:base + D]) * sin, halves without a modulo."""
+    half = out.shape[0] // 2
+    for d in range(half):
+        out[d] = x[base + d] * cos[d] + x[base + d + half] * signed_sin[d]
+    for d in range(half, 2 * half):
+        out[d] = x[base + d] * cos[d] + x[base + d - half] * signed_sin[d]
+
+
+@njit(cache=True)
+def _rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_mapping, q_out):
+    num_heads, head_dim = q_out.shape[1], q_out.shape[2]   # qkv: (T, (Hq + 2 Hkv) D), q_out: (T, Hq, D)
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]  # caches: (N, bs, Hkv, D)
+    num_slots = k_cache.shape[0] * block_size
+    for t in range(qkv.shape[0]):
+        p = positions[t]
+        if not (0 <= slot_mapping[t] < num_slots and 0 <= p < cos.shape[0]):
+            raise IndexError("a slot or a position lies outside the KV cache or the rotary tables")
+        block, offset = slot_mapping[t] // block_size, slot_mapping[t] % block_size
+        for head in range(num_heads):
+            _rotate(qkv[t], head * head_dim, cos[p], signed_sin[p], q_out[t, head])
+        for kv_head in range(num_kv_heads):
+            _rotate(qkv[t], (num_heads + kv_head) * head_dim, cos[p], signed_sin[p], k_cache[block, offset, kv_head])
+            v_base = (num_heads + num_kv_heads + kv_head) * head_dim
+            v_cache[block, offset, kv_head, :] = qkv[t, v_base:v_base + head_dim]
+
+
+# The attention backends whose KV write is a plain store into the (N, bs, Hkv, D) caches, which
+# `rotary_write_kv` does itself; any other backend writes its own K/V.
+PLAIN_KV_WRITE = ("minibatch.engine.kernels.torch_ref", "minibatch.engine.kernels.numba_cpu")
+
+
+def supports(x: torch.Tensor) -> bool:
+    """Whether these kernels can run on x: float32 on the CPU."""
+    return x.device.type == "cpu" and x.dtype == torch.float32
+
+
+def writes_plain_kv(backend) -> bool:
+    """Whether the backend's write_kv is the plain store that `rotary_write_kv` makes."""
+    return getattr(backend, "__name__", None) in PLAIN_KV_WRITE
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (T, C) scaled to unit root-mean-square, times weight (C,): (T, C)."""
+    out = torch.empty_like(x)
+    _rms_norm(x.numpy(), weight.numpy(), np.float32(eps), out.numpy())
+    return out
+
+
+def rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_mapping, num_heads):
+    """Rotated queries (T, Hq, D) from qkv (T, (Hq + 2 Hkv) D); rotated keys and values go to the caches.
+
+    cos, signed_sin: (P, D) tables by position (signed_sin's first half negated: rotate_half's sign);
+    positions, slot_mapping: (T,) int64; caches (N, bs, Hkv, D), written in place.
+    """
+    head_dim = k_cache.shape[3]
+    q = qkv.new_empty(qkv.shape[0], num_heads, head_dim)
+    _rotary_write_kv(qkv.numpy(), positions.numpy(), cos.numpy(), signed_sin.numpy(),
+                     k_cache.numpy(), v_cache.numpy(), slot_mapping.numpy(), q.numpy())
+    return q

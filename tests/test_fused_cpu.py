@@ -1,0 +1,45 @@
+"""The fused CPU kernels of a decode step compute what the torch operators they replace compute."""
+import pytest
+import torch
+
+from minibatch.engine.kernels import fused_cpu, numba_cpu, torch_ref
+from minibatch.engine.models.llama import rms_norm
+
+H, HKV, D = 6, 2, 16
+
+
+def test_rms_norm_matches_torch():
+    gen = torch.Generator().manual_seed(0)
+    for rows in (1, 3, 40):
+        x, weight = torch.randn(rows, 96, generator=gen) * 3, torch.randn(96, generator=gen)
+        torch.testing.assert_close(fused_cpu.rms_norm(x, weight, 1e-5), rms_norm(x, weight, 1e-5), rtol=1e-6, atol=1e-6)
+
+
+def test_rotary_write_kv_equals_the_torch_path():
+    gen = torch.Generator().manual_seed(1)
+    rows, positions = 5, torch.tensor([0, 7, 3, 30, 12])
+    qkv = torch.randn(rows, (H + 2 * HKV) * D, generator=gen)                 # (T, (H + 2 Hkv) D)
+    cos, sin = torch.randn(32, D, generator=gen), torch.randn(32, D, generator=gen)  # (P, D)
+    slots = torch.tensor([9, 2, 17, 30, 5])
+    caches = [torch.zeros(4, 8, HKV, D) for _ in range(4)]                    # (N, bs, Hkv, D)
+    q = fused_cpu.rotary_write_kv(qkv, positions, cos, sin, caches[0], caches[1], slots, H)
+    qk, v = qkv.split([(H + HKV) * D, HKV * D], dim=-1)
+    qk = qk.reshape(rows, H + HKV, D)
+    qk = qk * cos[positions][:, None] + qk.roll(D // 2, dims=-1) * sin[positions][:, None]
+    torch_ref.write_kv(qk[:, H:], v.reshape(rows, HKV, D), caches[2], caches[3], slots)
+    assert torch.equal(q, qk[:, :H])
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_rotary_write_kv_refuses_a_slot_outside_the_cache():
+    cache = torch.zeros(2, 4, HKV, D)
+    qkv, positions = torch.zeros(1, (H + 2 * HKV) * D), torch.tensor([0])
+    with pytest.raises(IndexError, match="outside the KV cache"):
+        fused_cpu.rotary_write_kv(qkv, positions, torch.ones(4, D), torch.ones(4, D), cache, cache.clone(),
+                                  torch.tensor([8]), H)
+
+
+def test_only_plain_kv_backends_and_float32_cpu_take_the_fused_path():
+    assert fused_cpu.writes_plain_kv(torch_ref) and fused_cpu.writes_plain_kv(numba_cpu)
+    assert not fused_cpu.writes_plain_kv(object())
+    assert fused_cpu.supports(torch.zeros(1)) and not fused_cpu.supports(torch.zeros(1, dtype=torch.bfloat16))
