@@ -43,3 +43,14 @@ def test_only_plain_kv_backends_and_float32_cpu_take_the_fused_path():
     assert fused_cpu.writes_plain_kv(torch_ref) and fused_cpu.writes_plain_kv(numba_cpu)
     assert not fused_cpu.writes_plain_kv(object())
     assert fused_cpu.supports(torch.zeros(1)) and not fused_cpu.supports(torch.zeros(1, dtype=torch.bfloat16))
+
+
+def test_kept_views_follow_their_tensor_and_are_forgotten_with_it():
+    cache = torch.zeros(3, 4)
+    view = fused_cpu._kept_view(cache)
+    assert fused_cpu._kept_view(cache) is view
+    cache[1, 2] = 5.0
+    assert view[1, 2] == 5.0 and view.shape == (3, 4)
+    key = id(cache)
+    del cache
+    assert key not in fused_cpu._views

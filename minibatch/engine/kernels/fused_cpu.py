@@ -17,9 +17,15 @@ Inputs are float32 CPU tensors handed over as zero-copy numpy views; compiled co
 """
 from __future__ import annotations
 
+import ctypes
+import weakref
+
 import numpy as np
 import torch
 from numba import njit
+
+_C_TYPES = {torch.float32: ctypes.c_float, torch.int64: ctypes.c_int64}
+_views: dict[int, tuple[weakref.ref, np.ndarray]] = {}     # id(tensor) -> (the tensor, weakly; its numpy view)
 
 
 @njit(cache=True)
@@ -77,10 +83,26 @@ def writes_plain_kv(backend) -> bool:
     return getattr(backend, "__name__", None) in PLAIN_KV_WRITE
 
 
+def _kept_view(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous CPU tensor that every layer passes again (weights, tables, caches, the
+    step's positions and slots), made once: `Tensor.numpy()` costs microseconds, hundreds of times a step.
+    The view holds no reference to the tensor; it is forgotten when the tensor is freed."""
+    key = id(tensor)
+    entry = _views.get(key)
+    if entry is not None and entry[0]() is tensor:
+        return entry[1]
+    if not tensor.is_contiguous() or tensor.dtype not in _C_TYPES:
+        return tensor.numpy()
+    memory = (_C_TYPES[tensor.dtype] * tensor.numel()).from_address(tensor.data_ptr())
+    view = np.ctypeslib.as_array(memory).reshape(tensor.shape)
+    _views[key] = (weakref.ref(tensor, lambda _: _views.pop(key, None)), view)
+    return view
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (T, C) scaled to unit root-mean-square, times weight (C,): (T, C)."""
     out = torch.empty_like(x)
-    _rms_norm(x.numpy(), weight.numpy(), np.float32(eps), out.numpy())
+    _rms_norm(x.numpy(), _kept_view(weight), np.float32(eps), out.numpy())
     return out
 
 
@@ -92,6 +114,6 @@ def rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_mapp
     """
     head_dim = k_cache.shape[3]
     q = qkv.new_empty(qkv.shape[0], num_heads, head_dim)
-    _rotary_write_kv(qkv.numpy(), positions.numpy(), cos.numpy(), signed_sin.numpy(),
-                     k_cache.numpy(), v_cache.numpy(), slot_mapping.numpy(), q.numpy())
+    _rotary_write_kv(qkv.numpy(), _kept_view(positions), _kept_view(cos), _kept_view(signed_sin),
+                     _kept_view(k_cache), _kept_view(v_cache), _kept_view(slot_mapping), q.numpy())
     return q
