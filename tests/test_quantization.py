@@ -151,3 +151,14 @@ def test_q4_1_needs_a_gguf_file():
 def test_quantised_kernels_run_in_fp32_on_the_cpu(device, dtype, allowed):
     with pytest.raises(ConfigError, match=f"quantization='q8_0' is not allowed.*{allowed}"):
         check_quantization("q8_0", "tiny", torch.device(device), dtype)
+
+
+def test_the_flag_sets_the_field():
+    import argparse
+
+    from minibatch.serving.flags import add_engine_arguments, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert engine_config_from_args(parser.parse_args(["--quantization", "q4_1"])) == EngineConfig(quantization="q4_1")
+    assert engine_config_from_args(parser.parse_args(["--quantization", "none"])).quantization is None
