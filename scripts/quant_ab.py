@@ -3,7 +3,8 @@
 1. Kernels: one decode step's matrix products (the 30 layers' q|k|v, o, gate|up, down, then the LM
    head) for 1 and 8 rows, each format as the engine stores it (fp32: `Linear`, prepacked for oneDNN;
    q8_0 / q4_1: `QuantizedLinear`'s Numba kernel), with the bytes each step reads and the bandwidth
-   that makes (bytes / time).
+   that makes (bytes / time). Beside the wall time, the CPU time of the process (all its threads):
+   on a machine shared with other work, a descheduled thread adds wall time but no CPU time.
 2. Engine: decode tokens/s of `LLM.generate` at batch 1 and batch 8 (ignore_eos, greedy), one
    engine per format, rounds interleaved (A B C A B C ...) so the machine's noise hits all alike;
    a step's rate is its decode tokens over its time, summed over the decode-only steps of a round.
@@ -51,10 +52,10 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / best                                    # read + write
 
 
-def _seconds(fn) -> float:
-    start = time.perf_counter()
+def _seconds(fn, clock=time.perf_counter) -> float:
+    start = clock()
     fn()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def time_kernels(args, bandwidth):
@@ -64,7 +65,8 @@ def time_kernels(args, bandwidth):
     products = {fmt: step_products(fmt, sd, blocks, layers) for fmt in FORMATS}
     hidden, inner = sd["model.layers.0.mlp.down_proj.weight"].shape     # (C, I)
     print(f"\nKernels alone: one step's products, median ms of {args.rounds} interleaved rounds")
-    print(f"{'format':>7} {'rows':>4} {'layers':>9} {'head':>8} {'MB read':>8} {'GB/s':>6} {'bound ms':>9}")
+    print(f"{'format':>7} {'rows':>4} {'layers':>9} {'head':>8} {'cpu ms':>7} {'MB read':>8} {'GB/s':>6} "
+          f"{'bound ms':>9}")
     with torch.inference_mode():
         for rows in (1, 8):
             x_in, x_mid = torch.randn(rows, hidden), torch.randn(rows, inner)   # (T, C), (T, I)
@@ -72,18 +74,21 @@ def time_kernels(args, bandwidth):
             def run_layers(fmt):
                 for layer in products[fmt][0]:
                     layer["qkv"](x_in), layer["o"](x_in), layer["gate_up"](x_in), layer["down"](x_mid)
-            times = {(fmt, part): [] for fmt in FORMATS for part in ("layers", "head")}
+            times = {(fmt, part): [] for fmt in FORMATS for part in ("layers", "head", "cpu")}
             for fmt in FORMATS:                                              # warm up (compiles the kernels)
                 run_layers(fmt), products[fmt][1](x_in)
             for _ in range(args.rounds):
                 for fmt in FORMATS:
                     times[fmt, "layers"].append(_seconds(lambda: run_layers(fmt)))
                     times[fmt, "head"].append(_seconds(lambda: products[fmt][1](x_in)))
+                    times[fmt, "cpu"].append(_seconds(lambda: (run_layers(fmt), products[fmt][1](x_in)),
+                                                      time.process_time))
             for fmt in FORMATS:
-                layer_s, head_s = (statistics.median(times[fmt, p]) for p in ("layers", "head"))
+                layer_s, head_s, cpu_s = (statistics.median(times[fmt, p]) for p in ("layers", "head", "cpu"))
                 moved = sum(p.nbytes() for layer in products[fmt][0] for p in layer.values())
                 moved += products[fmt][1].nbytes()
-                print(f"{str(fmt):>7} {rows:>4} {layer_s * 1e3:>6.1f} ms {head_s * 1e3:>5.1f} ms {moved / 1e6:>8.1f} "
+                print(f"{str(fmt):>7} {rows:>4} {layer_s * 1e3:>6.1f} ms {head_s * 1e3:>5.1f} ms {cpu_s * 1e3:>7.1f} "
+                      f"{moved / 1e6:>8.1f} "
                       f"{moved / (layer_s + head_s) / 1e9:>6.1f} {moved / bandwidth * 1e3:>9.1f}")
 
 

@@ -56,6 +56,10 @@ def test_fp16_scales_become_fp32_exactly_subnormals_included():
     out = np.empty(len(halves), np.float32)
     quantized_numba._halves_to_float(halves, np.empty(len(halves), np.uint32), out)
     np.testing.assert_array_equal(out[finite], halves.view(np.float16)[finite].astype(np.float32))
+    subnormal = torch.tensor([[1, 1023]], dtype=torch.int16).view(torch.float16)      # (1, 2): 2^-24, 1023 * 2^-24
+    weight = QuantizedWeight("q8_0", torch.full((1, 64), 100, dtype=torch.int8), subnormal)
+    x = torch.ones(1, 64)
+    assert QuantizedLinear(weight)(x).item() == pytest.approx(QuantizedLinear(weight, "torch")(x).item(), rel=1e-6)
 
 
 @settings(max_examples=40, deadline=None)
