@@ -7,7 +7,8 @@ from minibatch.viz.timeline import SlotChange, SlotRun, slot_changes, slot_occup
 from minibatch.viz.latency import latency_cdf, pareto_rows, sla_map, throughput_latency
 from minibatch.viz.load import load_over_time, step_series
 from minibatch.viz.profile import per_token_profile, step_profile
-from minibatch.viz.edge import edge_vs_server, request_lanes, speculation_speedups, speedup_vs_batch
+from minibatch.viz.edge import (edge_vs_server, formats_vs_bounds, request_lanes, speculation_speedups,
+                                speedup_vs_batch)
 from minibatch.viz.serving import latency_vs_load, metrics_over_time
 from minibatch.viz.kv_map import (block_owners, block_table_figure, kv_block_map, kv_usage, peak_step,
                                   shared_blocks, step_usage)

@@ -6,6 +6,7 @@
 - `edge_vs_server`: the lanes of one mode beside the latencies and throughput of both.
 - `speculation_speedups`: tokens/s of each proposer over plain decoding, per task, with acceptance rates.
 - `speedup_vs_batch`: the speed-up of speculative decoding, its tokens per step and its step cost, by batch size.
+- `formats_vs_bounds`: decode tokens/s of each weight format at batch 1 inside its own memory bound.
 """
 from __future__ import annotations
 
@@ -88,4 +89,21 @@ def speedup_vs_batch(rows: list[dict]) -> Figure:
     ax.set(xlabel="batch size (sequences decoding together)", ylabel="ratio",
            title="speed-up \u2248 tokens per step \u00f7 step cost")
     ax.legend(fontsize=8)
+    return fig
+
+
+def formats_vs_bounds(rows: list[dict]) -> Figure:
+    """One bar per weight format (rows of `minibatch.bench.formats.compare_formats`): its measured decode
+    tokens/s at batch 1, drawn inside an outline at its memory bound (bandwidth / bytes a step reads)."""
+    fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
+    xs = range(len(rows))
+    ax.bar(xs, [r["bound_tok_s"] for r in rows], 0.7, fill=False, edgecolor="#555555", ls="--",
+           label="memory bound: copy bandwidth / bytes read per step")
+    bars = ax.bar(xs, [r["tok_s"] for r in rows], 0.5, color="#2c7bb6", label="measured, fastest round")
+    for bar, r in zip(bars, rows):
+        ax.annotate(f"{r['of_bound']:.0%}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), [f"{r['format']}\n{r['bytes_per_weight']:.2f} B/weight" for r in rows])
+    ax.set(ylabel="decode tokens/s, batch 1", title="fewer bytes per weight: a higher bound (labels: share reached)")
+    ax.legend(fontsize=8, loc="upper left")
     return fig
