@@ -1,8 +1,6 @@
 """Weight formats side by side (minibatch.bench.formats): one row per format with its bytes, its bound and
 its tokens, measured in interleaved rounds; where tokens part is found; the chart draws each row; the peers'
 shipped figures are printed when shipped and said to be missing otherwise."""
-import sys
-
 import matplotlib
 import pytest
 
@@ -10,6 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from minibatch import LLM, EngineConfig  # noqa: E402
+from minibatch.bench import formats  # noqa: E402
 from minibatch.bench.formats import (BANDWIDTH, compare_formats, first_difference, shipped_peer_lines,  # noqa: E402
                                      step_name, table_lines, top2_gap)
 from minibatch.viz import formats_vs_bounds  # noqa: E402
@@ -61,18 +60,17 @@ def test_the_chart_draws_each_format_inside_its_bound(compared):
 
 def test_peers_are_printed_from_shipped_results_or_said_missing(monkeypatch):
     summary = {"machine": {"cpu": "AMD EPYC", "threads": 2}, "date": "2026-12-01T12:00:00+00:00",
-               "systems": {"minibatch-continuous": {"label": "minibatch, fp32", "tok_s": {"1": {"median": 33.0, "min": 30, "max": 35}}},
+               "systems": {"minibatch-continuous": {"label": "minibatch, fp32",
+                                                    "tok_s": {"1": {"median": 33.0, "min": 30, "max": 35}}},
                            "llamacpp-q4_1": {"label": "llama.cpp, Q4_1 GGUF, batch 1",
                                              "tok_s": {"1": {"median": 85.0, "min": 80, "max": 88}}},
                            "vllm": {"label": "vLLM-CPU", "tok_s": {"1": {"median": 20.0, "min": 19, "max": 21}}}}}
-    module = type(sys)("minibatch.bench.results")
-    module.load_shipped = lambda: summary
-    monkeypatch.setitem(sys.modules, "minibatch.bench.results", module)
+    monkeypatch.setattr(formats, "load_shipped", lambda: summary)
     lines = shipped_peer_lines("llamacpp")
     assert "AMD EPYC" in lines[0] and "2026-12-01" in lines[0] and len(lines) == 3
     assert "llama.cpp, Q4_1 GGUF" in lines[2] and "85.0" in lines[2] and not any("vLLM" in line for line in lines)
 
     def nothing_shipped():
         raise FileNotFoundError("no results shipped")
-    module.load_shipped = nothing_shipped
+    monkeypatch.setattr(formats, "load_shipped", nothing_shipped)
     assert shipped_peer_lines("llamacpp")[0].startswith("no shipped results of llamacpp")

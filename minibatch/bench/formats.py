@@ -24,6 +24,7 @@ from __future__ import annotations
 import statistics
 
 from minibatch.analysis.claims import Rounds, interleaved
+from minibatch.bench.results import load_shipped
 from minibatch.bench.roofline import memory_bandwidth
 from minibatch.config import SamplingParams
 
@@ -94,12 +95,11 @@ def table_lines(rows: list[dict], max_new_tokens: int) -> list[str]:
 
 
 def shipped_peer_lines(prefix: str = "llamacpp") -> list[str]:
-    """Batch-1 tokens/s of the shipped results' systems named `prefix`... and of minibatch beside them,
-    with the machine and date they were measured on; or a line saying none are shipped here."""
+    """Batch-1 tokens/s of the shipped results' systems whose names start with `prefix`, and of minibatch
+    beside them, with the machine and date they were measured on; or a line saying none are shipped here."""
     try:
-        from minibatch.bench.results import load_shipped
         shipped = load_shipped()
-    except (ImportError, FileNotFoundError) as missing:
+    except FileNotFoundError as missing:
         return [f"no shipped results of {prefix} in this copy of the course ({missing}); `make peers` installs "
                 "the peers and `python -m minibatch bench --peers` measures them on this machine"]
     machine = shipped["machine"]
