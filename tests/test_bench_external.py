@@ -83,6 +83,11 @@ def test_a_runner_answers_job_after_job_through_the_peers_own_python(fake_peers)
         for _ in range(2):
             result = peer.offline([[1, 2, 3], [7]], [3, 2])
             assert result.outputs == [[3, 4, 5], [7, 8]] and result.seconds >= 0
+        first = peer.runner.process
+        peer.prepare(1, 16)                                          # the same spec: the same runner serves on
+        assert peer.runner.process is first
+        peer.prepare(2, 16)                                          # another spec: a new runner, the old one ended
+        assert peer.runner.process is not first and first.poll() is not None
     finally:
         peer.close()
     assert peer.runner is None

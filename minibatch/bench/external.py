@@ -131,6 +131,7 @@ class ExternalSystem(System):
 
     def __init__(self):
         self.runner: Runner | None = None
+        self.loaded_spec: dict | None = None   # the spec the runner was started with
         self.info: dict = {}       # what the runner reported when ready (version, load time, ...)
 
     def unavailable(self, model: str) -> str | None:
@@ -151,13 +152,19 @@ class ExternalSystem(System):
         return env
 
     def prepare(self, batch_size: int, max_len: int) -> None:
-        """Start the runner (it loads in the background: wait_ready waits for it)."""
+        """Start the runner (it loads in the background: wait_ready waits for it), unless the one started
+        before was handed the same spec: then it serves this batch size too."""
+        spec, self.batch_size = self.spec(batch_size, max_len), batch_size
+        if self.runner is not None and spec == self.loaded_spec:
+            return
         self.close()
         python = peer_python(self.peer)
         if python is None:
             raise FileNotFoundError(f"{self.label}: {install_hint(self.peer)}")
-        self.batch_size = batch_size
-        self.runner = Runner(python, RUNNERS / self.script, self.spec(batch_size, max_len), self.env(), self.label)
+        self.runner, self.loaded_spec = Runner(python, RUNNERS / self.script, spec, self.env(), self.label), spec
+
+    def preload(self, batch_size: int, max_len: int) -> None:
+        self.prepare(batch_size, max_len)
 
     def wait_ready(self) -> None:
         self.info = self.runner.info
@@ -191,17 +198,10 @@ class VllmCpu(ExternalSystem):
             self.reference, self.tie_tolerance = "bfloat16", BF16_TIE_TOLERANCE
 
     def spec(self, batch_size: int, max_len: int) -> dict:
-        self.loaded_for = (max(batch_size, MAX_NUM_SEQS), max_len)
+        """The same for every max batch size up to MAX_NUM_SEQS, so one engine serves them all: its runner
+        admits at most batch_size requests at a time, as max_num_seqs would (vLLM-CPU takes minutes to start)."""
         return {"model": str(prepare_default_model(verbose=False)), "dtype": self.dtype,
-                "max_num_seqs": self.loaded_for[0], "max_len": max_len}
-
-    def prepare(self, batch_size: int, max_len: int) -> None:
-        """One engine serves every max batch size up to MAX_NUM_SEQS: its runner admits at most batch_size
-        requests at a time, as max_num_seqs would (vLLM-CPU takes minutes to start on a busy laptop)."""
-        if self.runner is not None and batch_size <= self.loaded_for[0] and max_len <= self.loaded_for[1]:
-            self.batch_size = batch_size
-            return
-        super().prepare(batch_size, max_len)
+                "max_num_seqs": max(batch_size, MAX_NUM_SEQS), "max_len": max_len}
 
     def release(self) -> None:
         """Kept for the next batch size; close() ends it."""

@@ -87,6 +87,8 @@ def run_bench(model: str = "smollm2-135m", scale: Scale = QUICK, systems=SYSTEM_
     hf_model.to(device_used)
     systems, skipped = _runnable(make_systems(model, hf_model, systems, device, attention_backend), model, scale)
     workload = offline_workload(scale, tokenizer, hf_model.config.vocab_size, seed)
+    for system in systems:                     # peers start loading now, in their own processes
+        system.preload(next(b for b in scale.batch_sizes if measure.runs_at(system, b)), workload.max_len)
     start = time.perf_counter()
     references = _references(model, hf_model, {s.reference for s in systems}, workload, device_used, use_tqdm)
     settings = {**dataclasses.asdict(scale), "model": model, "device": str(device_used), "seed": seed,

@@ -70,6 +70,9 @@ class System:
     def online(self, prompts: list, output_lens: list, arrivals: list) -> RunResult:
         raise NotImplementedError
 
+    def preload(self, batch_size: int, max_len: int) -> None:
+        """Start loading early, while the references are computed (peers that take minutes to start)."""
+
     def wait_ready(self) -> None:
         """Return once what prepare started is ready to serve (peers load in the background)."""
 
