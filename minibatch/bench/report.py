@@ -123,8 +123,9 @@ def text(results: dict) -> str:
         check = "verified" if s["verified"] else (f"UNVERIFIED: {match['requests_equal']}/{match['requests']} "
                                                   f"requests equal, {match['token_rate']:.1%} tokens agree")
         lines.append(f"{name:<24}{cells}{s['best_batch_size']:>7}  {check}")
-    lines += ["", "ratios of tokens/s:"]
-    for r in ratios(off, st.get("num_requests")):
+    found = ratios(off, st.get("num_requests"))
+    lines += ["", "ratios of tokens/s:"] if found else []
+    for r in found:
         mark = "" if r["verified"] else "   (UNVERIFIED: outputs differ from the reference)"
         lines.append(f"  {r['a']} (batch {r['batch_size_a']}) / {r['b']} (batch {r['batch_size_b']}): "
                      f"{r['value']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]{mark}")
