@@ -30,9 +30,6 @@ OFFLINE := $(if $(WHEELHOUSE),$(if $(wildcard $(WHEELHOUSE)/*.whl),--no-index --
 MODEL_DIR := $(or $(MINIBATCH_CACHE),$(HOME)/.cache/minibatch)/SmolLM2-135M-Instruct
 SAVED_MODEL := $(WHEELHOUSE)/model
 PREPARE := $(BIN)/python -m minibatch prepare $(if $(wildcard $(SAVED_MODEL)),--from $(SAVED_MODEL))
-# idle OpenMP threads sleep instead of spinning: torch's and Numba's runtimes are two pools that would otherwise
-# take the cores from each other (set before anything loads torch: kernels, pytest; minibatch sets it too)
-export OMP_WAIT_POLICY ?= PASSIVE
 # seconds a single notebook cell may run under nbval before it counts as failed
 CELL_TIMEOUT ?= 600
 NOTEBOOKS = $(wildcard notebooks/*.ipynb solutions/*.ipynb)

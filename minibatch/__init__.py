@@ -3,19 +3,9 @@
     from minibatch import LLM, EngineConfig, SamplingParams
     llm = LLM(EngineConfig(model="tiny", scheduler="continuous", max_batch_size=8))
     outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_new_tokens=16))
-
-Importing it first sets OMP_WAIT_POLICY=PASSIVE (unless already set), before torch loads: torch brings
-its own OpenMP runtime and Numba's parallel kernels load the system's, and by default the idle threads
-of each pool spin, taking the cores from the other pool's work and from everything else on a laptop.
-Measured on a 2-core machine shared with other work: a q4_1 decode token 529 ms with spinning threads,
-60 ms with passive ones (`python scripts/quant_ab.py` sets the same).
 """
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # read by each OpenMP runtime when it loads: before torch
-
-from minibatch.config import ConfigError, EngineConfig, SamplingParams  # noqa: E402
-from minibatch.workloads import WorkloadRequest, load_workload, save_workload  # noqa: E402
+from minibatch.config import ConfigError, EngineConfig, SamplingParams
+from minibatch.workloads import WorkloadRequest, load_workload, save_workload
 
 __all__ = ["LLM", "EngineConfig", "SamplingParams", "ConfigError", "Plugins", "RequestOutput", "WorkloadRequest",
            "load_workload", "save_workload"]
