@@ -22,8 +22,15 @@ SCHEMA = "minibatch-peers/1"
 FOLDER = Path(__file__).resolve().parent
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
 MINIBATCH = ("minibatch-continuous", "minibatch-bf16", "minibatch-q4_1")     # set against each peer, in this order
-CONDITIONS = ("interleaved runs (every system once per round), medians with min-max; the machine was running "
-              "other work at the same time (load averages recorded), so ranges are wide")
+ROUNDS = "interleaved runs (every system once per round), medians with min-max"
+
+
+def conditions(load_at_start: float, cores: int) -> str:
+    """How the run was taken, and whether the machine was otherwise quiet (load average under half its cores)."""
+    load = f"load average {load_at_start:.1f} on {cores} cores at the start"
+    if load_at_start < cores / 2:
+        return f"{ROUNDS}; {load}: the machine was otherwise quiet"
+    return f"{ROUNDS}; {load}: the machine was running other work at the same time, so ranges are wide"
 
 
 def cpu_flags() -> list[str]:
@@ -79,7 +86,8 @@ def summarize(results: dict) -> dict:
     workload = {k: st.get(k) for k in ("model", "num_requests", "prompt_median", "output_mean", "output_cap",
                                        "batch_sizes", "batch_one_requests", "reps", "preset")}
     return {"schema": SCHEMA, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": results.get("command"), "conditions": CONDITIONS, "machine": machine, "versions": versions,
+            "command": results.get("command"), "conditions": conditions(m["load_average_1min"], m["cores"]),
+            "machine": machine, "versions": versions,
             "workload": workload, "skipped": results.get("skipped", {}), "systems": systems, "ratios": ratios}
 
 
