@@ -1,7 +1,8 @@
 """Time every path of a weight product for the model's own shapes, side by side.
 
-`F.linear(x, W)` (MKL, rows first), the weight-first orientation (W @ x^T)^T and oneDNN with the
-weight prepacked (`minibatch.engine.models.linear.Linear`'s paths), for every row count a step can have:
+`F.linear(x, W)` (MKL, rows first), the weight-first orientation (W @ x^T)^T, oneDNN with the
+weight prepacked (`minibatch.engine.models.linear.Linear`'s paths) and, in float32, the streamed loop
+`Linear` takes for up to STREAM_ROWS rows (`engine.kernels.gemv_cpu`), for every row count a step can have:
 the 30 layers' weights of the model (cold in cache, as in a real step: each layer's weights are
 read once per step) and its LM head. Runs alternate (A B A B ...); the medians are printed, with
 the largest difference from F.linear's output.
@@ -53,8 +54,13 @@ def main():
     weights = layer_weights(sd, loaded.config.num_hidden_layers)
     hidden, inner = weights[0]["down"].shape                             # (C, I)
     paths = [p for p in PATHS if p != "onednn" or onednn_supports(sd["lm_head.weight"])]
-    layers = {p: [{name: Linear(w, p) for name, w in layer.items()} for layer in weights] for p in paths}
-    heads = {p: Linear(sd["lm_head.weight"], p) for p in paths}
+    layers = {p: [{name: Linear(w, p, stream_rows=0) for name, w in layer.items()} for layer in weights] for p in paths}
+    heads = {p: Linear(sd["lm_head.weight"], p, stream_rows=0) for p in paths}
+    if dtype == torch.float32:                    # the streamed loop at every row count, to show where it stops paying
+        paths.append("streamed")
+        layers["streamed"] = [{name: Linear(w, "weight-first", stream_rows=10**9) for name, w in layer.items()}
+                              for layer in weights]
+        heads["streamed"] = Linear(sd["lm_head.weight"], "weight-first", stream_rows=10**9)
     print(f"{args.model}, {args.dtype}: {torch.get_num_threads()} threads; median ms of one step's products "
           f"(30 layers, then the LM head), each path against F.linear")
     print(f"{'rows':>5} " + " ".join(f"{p + ' layers':>20} {'head':>7}" for p in paths) + f" {'max |diff|':>11}")

@@ -60,7 +60,7 @@ def test_bad_sampling_params(kwargs, words):
 
 @pytest.mark.parametrize("kwargs,words", [
     ({"scheduler": "fifo"}, ["scheduler='fifo'", "'static', 'continuous', 'edge'"]),
-    ({"attention_backend": "flash"}, ["attention_backend='flash'", "'torch', 'numba', 'numba-cuda'"]),
+    ({"attention_backend": "flash"}, ["attention_backend='flash'", "'auto', 'torch', 'numba', 'numba-cuda'"]),
     ({"max_batch_size": 0}, ["max_batch_size=0", ">= 1"]),
     ({"batch_timeout_s": -1.0}, ["batch_timeout_s=-1.0", ">= 0"]),
     ({"kv_layout": "ring"}, ["kv_layout='ring'"]),

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minibatch.engine.kernels.gemv_cpu import STREAM_ROWS, streamed_linear
 from minibatch.engine.models.linear import PATHS, SMALL_BATCH_ROWS, Linear, best_path, linear, onednn_supports
 
 CPU_PATHS = [p for p in PATHS if p != "onednn" or onednn_supports(torch.zeros(1, 1))]
@@ -64,3 +65,35 @@ def test_a_path_that_does_not_exist_or_cannot_run_is_refused_by_name():
         Linear(torch.randn(4, 4), "fast")
     with pytest.raises(ValueError, match="path='onednn' is not allowed for a torch.float16"):
         Linear(torch.randn(4, 4, dtype=torch.float16), "onednn")
+
+
+@settings(max_examples=40, deadline=None)
+@given(path=st.sampled_from(CPU_PATHS), rows=st.integers(0, STREAM_ROWS + 2), k=st.integers(1, 300),
+       n=st.integers(1, 200), seed=st.integers(0, 2**16))
+def test_add_to_adds_the_residual_on_every_path_and_row_count(path, rows, k, n, seed):
+    """One and two rows go through the streamed loop, which adds the residual as it writes; more rows do not."""
+    generator = torch.Generator().manual_seed(seed)
+    x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
+    residual = torch.randn(rows, n, generator=generator)
+    out = Linear(weight, path).add_to(residual, x)
+    torch.testing.assert_close(out, residual + F.linear(x, weight), rtol=1e-5, atol=1e-4)
+
+
+def test_one_or_two_fp32_rows_are_streamed_and_other_dtypes_are_not(monkeypatch):
+    import minibatch.engine.models.linear as linear_module
+    calls = []
+    streamed = linear_module.streamed_linear
+    monkeypatch.setattr(linear_module, "streamed_linear", lambda *a: calls.append(a[0].shape[0]) or streamed(*a))
+    product = Linear(torch.randn(6, 4))
+    for rows in (1, 2, 3, 8):
+        product(torch.randn(rows, 4))
+    assert calls == [r for r in (1, 2, 3, 8) if r <= STREAM_ROWS]
+    assert Linear(torch.randn(6, 4, dtype=torch.bfloat16), "weight-first").streamed is None
+
+
+def test_the_streamed_loop_reads_a_transposed_input_and_leaves_it_alone():
+    x, weight = torch.randn(8, 2).t(), torch.randn(5, 8)                 # (2, 8), not contiguous
+    before = x.clone()
+    out = streamed_linear(x, weight.numpy())
+    torch.testing.assert_close(out, F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    assert torch.equal(x, before)

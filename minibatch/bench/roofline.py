@@ -130,7 +130,7 @@ def bounds(size: ModelSize, bytes_per_value: int, flops: float, bandwidth: float
 
 
 def measure(model: str, model_config, batch_sizes=(1, 8, 64), steps: int = 8, prompt_tokens: int = 32,
-            gemm_size: int = 2048, device: str = "auto", attention_backend: str = "torch") -> dict:
+            gemm_size: int = 2048, device: str = "auto", attention_backend: str = "auto") -> dict:
     """Peak bandwidth and FLOP/s, minibatch's decode step at each batch size against its bounds, and
     the engine's overhead share at OVERHEAD_BATCH. model_config is the model's Hugging Face config."""
     on = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"

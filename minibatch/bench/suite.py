@@ -59,7 +59,7 @@ __all__ = ["SYSTEM_NAMES", "PEER_NAMES", "ALL_NAMES", "run_bench", "make_systems
 
 
 def make_systems(model: str, hf_model, names=SYSTEM_NAMES, device: str = "auto",
-                 attention_backend: str = "torch") -> list[System]:
+                 attention_backend: str = "auto") -> list[System]:
     """Systems by name, all on `model` (a System passes through as it is); the transformers ones share hf_model."""
     pad = hf_model.generation_config.pad_token_id or 0
     build = {"minibatch-continuous": lambda: Minibatch(model, "continuous", device, attention_backend),
@@ -75,7 +75,7 @@ def make_systems(model: str, hf_model, names=SYSTEM_NAMES, device: str = "auto",
 
 
 def run_bench(model: str = "smollm2-135m", scale: Scale = QUICK, systems=SYSTEM_NAMES, rates=None,
-              online: bool = True, physical: bool = True, device: str = "auto", attention_backend: str = "torch",
+              online: bool = True, physical: bool = True, device: str = "auto", attention_backend: str = "auto",
               seed: int = 0, use_tqdm: bool = True) -> dict:
     """Run the benchmark and return its results (the bench.json dict). `systems` are names from
     SYSTEM_NAMES or System objects; `rates` (requests/s) default to fractions of minibatch
@@ -176,8 +176,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-roofline", action="store_true",
                         help="skip the bandwidth, FLOP/s and overhead measurements")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda (transformers runs on the same device)")
-    parser.add_argument("--attention-backend", default="torch",
-                        help="minibatch's paged attention: torch, numba or numba-cuda (default: torch)")
+    parser.add_argument("--attention-backend", default="auto",
+                        help="minibatch's paged attention: auto, torch, numba or numba-cuda (default: auto, the "
+                             "engine's default: numba on a CPU in float32, torch elsewhere)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload")
 
 

@@ -91,7 +91,7 @@ class Minibatch(System):
 
     serves_online = True
 
-    def __init__(self, model: str, scheduler: str, device: str = "auto", attention_backend: str = "torch",
+    def __init__(self, model: str, scheduler: str, device: str = "auto", attention_backend: str = "auto",
                  dtype: str = "auto", quantization: str | None = None):
         self.model, self.scheduler, self.device, self.backend = model, scheduler, device, attention_backend
         self.dtype, self.quantization, self.decode_bytes = dtype, quantization, None

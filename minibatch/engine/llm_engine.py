@@ -11,7 +11,7 @@ import torch
 
 from minibatch.config import ConfigError, EngineConfig, SamplingParams
 from minibatch.engine.cuda_graphs import with_cuda_graphs
-from minibatch.engine.kernels import get_backend
+from minibatch.engine.kernels import get_backend, resolve_backend
 from minibatch.engine.kv import KVCache, blocks_for, kv_bytes_per_token, pool_blocks
 from minibatch.engine.models.weights import check_quantization
 from minibatch.engine.parts import ModelParts
@@ -50,7 +50,8 @@ class LLMEngine:
         plugins.check_config(config)
         step_of = lambda: len(self.step_records)                       # the step being built, for messages
         self.device, self.dtype = resolve_device_dtype(config)
-        self.backend = plugins.attention_backend(get_backend(config.attention_backend), step_of)
+        self.attention_backend = resolve_backend(config.attention_backend, self.device, self.dtype)  # "auto" resolved
+        self.backend = plugins.attention_backend(get_backend(self.attention_backend), step_of)
         check_quantization(config.quantization, config.model, self.device, self.dtype)
         loaded = parts.load(config.model)
         context = loaded.config.max_position_embeddings

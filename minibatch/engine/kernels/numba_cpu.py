@@ -5,13 +5,17 @@ attends. This kernel reads them where they lie: key position p of sequence i is 
 `p % block_size` of physical block `block_tables[i, p // block_size]`, so the block table is the
 only indirection and nothing is copied.
 
-One pass over the context with an online softmax: walking the keys in order we keep the largest
-score seen so far `m`, the running sum `l` of `exp(score - m)` and the running weighted sum of
-values `acc`. When a new key beats `m`, `l` and `acc` are scaled down by `exp(m_old - m_new)`,
-so at the end `acc / l` equals `softmax(scores) @ V` without ever storing the scores.
+One pass over the context with an online softmax, a KV block at a time (FlashAttention's tiling):
+for each block we compute the scores of its keys, then update the largest score seen so far `m`,
+the running sum `l` of `exp(score - m)` and the running weighted sum of values `acc`. When a block
+raises `m`, `l` and `acc` are first scaled down by `exp(m_old - m_new)`, so at the end `acc / l`
+equals `softmax(scores) @ V` without ever storing more than one block's scores.
 
-Work is split over (sequence, query head) pairs with `prange`; query head h reads KV head
-`h // group` (grouped-query attention). Query row j of sequence i sits at position
+Work is split over (query row, KV head) pairs with `prange`. The `group` query heads that share a
+KV head (grouped-query attention: query head h reads KV head `h // group`) are computed together,
+so each key and value is read from memory once for all of them. The inner products may be summed
+in any order (`fastmath` reassociation), which lets the compiler vectorise them; results differ from
+the torch reference only in the last bits. Query row j of sequence i sits at position
 `context_lens[i] - query_lens[i] + j` and sees cache positions 0..that position, which covers
 prefill, chunked prefill and decode alike. Inputs are float32 CPU tensors, handed to Numba as
 zero-copy numpy views; compiled code is cached on disk (`cache=True`), so only the first process
@@ -33,42 +37,48 @@ def _write_kv(key, value, k_cache, v_cache, slot_mapping):
         v_cache[block, offset] = value[t]
 
 
-@njit(parallel=True, fastmath=False, cache=True)
+@njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
 def _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out):
-    num_heads, head_dim = query.shape[1], query.shape[2]       # query, out: (T, Hq, D)
+    num_rows, num_heads, head_dim = query.shape                 # query, out: (T, Hq, D)
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]  # caches: (N, bs, Hkv, D)
     group = num_heads // num_kv_heads
-    num_seqs = context_lens.shape[0]
-    for pair in prange(num_seqs * num_heads):
-        seq, head = pair // num_heads, pair % num_heads
-        kv_head = head // group
-        first_row = query_start_loc[seq]
-        query_len = query_start_loc[seq + 1] - first_row
-        first_pos = context_lens[seq] - query_len          # position of the sequence's first query row
-        acc = np.empty(head_dim, dtype=np.float32)         # (D,) running sum of weight * value
-        for j in range(query_len):
-            row = first_row + j
-            m, l = -np.inf, 0.0                            # running max score, running sum of weights
-            acc[:] = 0.0
-            for pos in range(first_pos + j + 1):           # causal: keys 0..own position
-                block = block_tables[seq, pos // block_size]
-                offset = pos % block_size
-                score = 0.0
-                for d in range(head_dim):
-                    score += query[row, head, d] * k_cache[block, offset, kv_head, d]
-                score *= scale
-                if score > m:                              # new maximum: rescale what we summed so far
-                    correction = np.exp(m - score)         # exp(-inf) = 0 on the first key
-                    l *= correction
+    seq_of_row = np.empty(num_rows, dtype=np.int64)             # (T,) the sequence each query row belongs to
+    for seq in range(context_lens.shape[0]):
+        seq_of_row[query_start_loc[seq]:query_start_loc[seq + 1]] = seq
+    for pair in prange(num_rows * num_kv_heads):
+        row, kv_head = pair // num_kv_heads, pair % num_kv_heads
+        seq = seq_of_row[row]
+        visible = context_lens[seq] - (query_start_loc[seq + 1] - row) + 1  # causal: keys 0..own position
+        first_head = kv_head * group                            # query heads first_head.. share this KV head
+        m = np.full(group, -np.inf, dtype=np.float32)           # (group,) running max score
+        l = np.zeros(group, dtype=np.float32)                   # (group,) running sum of weights
+        acc = np.zeros((group, head_dim), dtype=np.float32)     # (group, D) running sum of weight * value
+        scores = np.empty((group, block_size), dtype=np.float32)  # (group, bs) one block's scores
+        for first in range(0, visible, block_size):
+            block = block_tables[seq, first // block_size]
+            n = min(block_size, visible - first)                # keys of this block the row may see
+            for g in range(group):
+                block_max = -np.inf
+                for j in range(n):
+                    score = np.float32(0.0)
                     for d in range(head_dim):
-                        acc[d] *= correction
-                    m = score
-                weight = np.exp(score - m)
-                l += weight
+                        score += query[row, first_head + g, d] * k_cache[block, j, kv_head, d]
+                    scores[g, j] = score * scale
+                    block_max = max(block_max, scores[g, j])
+                new_m = max(m[g], block_max)
+                correction = np.exp(m[g] - new_m)               # rescale what was summed (exp(-inf) = 0 at first)
+                l[g] *= correction
                 for d in range(head_dim):
-                    acc[d] += weight * v_cache[block, offset, kv_head, d]
+                    acc[g, d] *= correction
+                m[g] = new_m
+                for j in range(n):
+                    weight = np.exp(scores[g, j] - new_m)
+                    l[g] += weight
+                    for d in range(head_dim):
+                        acc[g, d] += weight * v_cache[block, j, kv_head, d]
+        for g in range(group):
             for d in range(head_dim):
-                out[row, head, d] = acc[d] / l
+                out[row, first_head + g, d] = acc[g, d] / l[g]
 
 
 def _host_view(tensor: torch.Tensor, name: str) -> np.ndarray:

@@ -22,12 +22,21 @@ not from a timing taken at load: on a laptop shared with other work a 2-second t
 noise, and a request's tokens would then depend on that noise. Every path computes the same
 product in fp32 (or bf16) arithmetic; only the order of the sums differs.
 
+One or two rows are a matrix-vector product, which no library path above streams at memory speed
+(oneDNN's one-row product reads at about 20 GB/s here, two-thirds of the copy bandwidth). So a
+float32 Linear on a CPU also keeps its plain weight, and up to `STREAM_ROWS` rows it runs
+`engine.kernels.gemv_cpu`'s loop, which reads each weight once at about the copy bandwidth. With
+oneDNN that is a second copy of the weights in memory (538 MB more for SmolLM2-135M): the price
+of a batch-1 step about a third shorter.
+
     python scripts/linear_ab.py      # every path on this machine, for the model's shapes
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from minibatch.engine.kernels.gemv_cpu import STREAM_ROWS, streamed_linear
 
 SMALL_BATCH_ROWS = 64   # up to this many rows, the weight-first orientation is used on CPU without oneDNN
 PATHS = ("onednn", "weight-first", "f.linear")
@@ -60,7 +69,9 @@ def best_path(weight: torch.Tensor) -> str:
 class Linear:
     """A weight (N, K) and its product x (T, K) -> (T, N), the same as F.linear(x, weight)."""
 
-    def __init__(self, weight: torch.Tensor, path: str | None = None):
+    def __init__(self, weight: torch.Tensor, path: str | None = None, stream_rows: int = STREAM_ROWS):
+        """`path` for the products of many rows (the best for this machine by default); up to `stream_rows`
+        rows of a float32 weight on a CPU take the streamed loop (0: never)."""
         path = path or best_path(weight)
         if path not in PATHS:
             raise ValueError(f"Linear path={path!r} is not allowed: choose one of {PATHS}")
@@ -68,6 +79,8 @@ class Linear:
             raise ValueError(f"Linear path='onednn' is not allowed for a {weight.dtype} weight on "
                              f"{weight.device.type}: oneDNN runs float32 (and bfloat16 where the CPU has it) on CPU")
         self.path, self.shape, self.dtype = path, weight.shape, weight.dtype
+        self.stream_rows = stream_rows if weight.device.type == "cpu" and weight.dtype == torch.float32 else 0
+        self.streamed = weight.detach().contiguous().numpy() if self.stream_rows else None  # (N, K) plain weight
         if path == "onednn":
             with torch.no_grad():                                        # reordered once, into oneDNN's blocked layout
                 self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
@@ -76,6 +89,8 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(T, K) -> (T, N)."""
+        if 0 < x.shape[0] <= self.stream_rows:
+            return streamed_linear(x, self.streamed)
         if self.path == "onednn":
             if x.shape[0] == 0:
                 return x.new_empty(0, self.shape[0])
@@ -85,7 +100,10 @@ class Linear:
         return F.linear(x, self.weight)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """residual (T, N) + x (T, K) times the weight: oneDNN adds the residual as it writes the product."""
+        """residual (T, N) + x (T, K) times the weight: oneDNN and the streamed loop add the residual as they
+        write the product."""
+        if 0 < x.shape[0] <= self.stream_rows:
+            return streamed_linear(x, self.streamed, residual)
         if self.path == "onednn" and x.shape[0] > 0:
             return torch.ops.mkldnn._linear_pointwise(x, residual, self.weight, None, "add")
         return residual + self(x)
