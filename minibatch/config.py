@@ -37,6 +37,8 @@ class EngineConfig:
     model: str = knob("smollm2-135m", "registry name ('smollm2-135m', 'tiny', ...), a local folder or a hub id")
     device: str = knob("auto", "'auto' picks CUDA when torch sees a GPU, else the CPU")
     dtype: str = knob("auto", "'auto': float32 on CPU, bfloat16 on CUDA")
+    cpu_threads: int | None = knob(None, "CPU threads for products and kernels; None: the cores other programs leave "
+                                         "free when the engine starts, at most OMP_NUM_THREADS (engine/threads.py)")
     scheduler: str = knob("continuous", "'static' (wait for the longest), 'continuous' (join/leave every step), "
                                         "'edge' (batch of one)")
     max_batch_size: int = knob(8, "most sequences in one step (vLLM: max_num_seqs)")
@@ -95,6 +97,8 @@ class EngineConfig:
         if not isinstance(self.model, str) or not self.model:
             fail(owner, "model", self.model, "a registry name, a local folder or a hub id")
         check_choice(owner, "device", self.device, DEVICES)
+        if self.cpu_threads is not None:
+            check_int(owner, "cpu_threads", self.cpu_threads, 1)
         check_choice(owner, "dtype", self.dtype, DTYPES)
         check_choice(owner, "scheduler", self.scheduler, SCHEDULERS)
         check_int(owner, "max_batch_size", self.max_batch_size, 1)

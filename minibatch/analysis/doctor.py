@@ -110,7 +110,14 @@ def check_cpu() -> Check:
     if cores < 2:
         return Check("cpu", "warn", detail, "the course runs on one core, but slowly: expect chapters "
                      "to take twice as long; a 2-core or larger machine is better")
-    return Check("cpu", "ok", detail)
+    from minibatch.engine.threads import busy_cores, free_threads
+    busy = busy_cores()
+    if busy >= 0.5:
+        return Check("cpu", "warn", detail + f"; other programs keep {busy:.1f} cores busy, so an engine started now "
+                     f"would use {free_threads(cores, busy, threads)} threads",
+                     "close what keeps them busy for full speed (the engine adapts either way; "
+                     "EngineConfig(cpu_threads=N) fixes the count)")
+    return Check("cpu", "ok", detail + f"; {busy:.1f} cores busy with other programs")
 
 
 def torch_build() -> tuple[str, str]:

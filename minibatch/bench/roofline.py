@@ -138,6 +138,7 @@ def measure(model: str, model_config, batch_sizes=(1, 8, 64), steps: int = 8, pr
     most = max(*batch_sizes, OVERHEAD_BATCH)
     max_len = prompt_tokens + steps + 2
     config = dict(model=model, device=device, attention_backend=attention_backend, max_batch_size=most,
+                  cpu_threads=torch.get_num_threads(),                          # the bench's count, not the free cores
                   max_model_len=max_len, block_size=16, num_kv_blocks=most * blocks_for(max_len, 16),
                   max_tokens_per_step=most * prompt_tokens)     # every prompt in one step: then all decode together
     llm = LLM(EngineConfig(**config))

@@ -16,6 +16,8 @@ import gc
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from minibatch.bench.check import BF16_TIE_TOLERANCE
 from minibatch.config import EngineConfig, SamplingParams
 from minibatch.engine.kv import blocks_for
@@ -113,7 +115,7 @@ class Minibatch(System):
     def config(self, batch_size: int, max_len: int) -> EngineConfig:
         return EngineConfig(model=self.model, device=self.device, dtype=self.dtype, scheduler=self.scheduler,
                             max_batch_size=batch_size, attention_backend=self.backend, block_size=BLOCK_SIZE,
-                            quantization=self.quantization,
+                            quantization=self.quantization, cpu_threads=torch.get_num_threads(),  # the bench's
                             max_model_len=max_len,
                             num_kv_blocks=batch_size * blocks_for(max_len, BLOCK_SIZE))
 

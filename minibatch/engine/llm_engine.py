@@ -20,6 +20,7 @@ from minibatch.engine.records import BlockTableRecorder, StepRecord
 from minibatch.engine.request import Request
 from minibatch.engine.schedulers import StepPlan
 from minibatch.engine.speculative import make_decoder
+from minibatch.engine.threads import use_threads
 from minibatch.engine.timing import PhaseTimer, StepProfiler
 from minibatch.engine.tokens import PromptEncoder
 
@@ -50,6 +51,8 @@ class LLMEngine:
         plugins.check_config(config)
         step_of = lambda: len(self.step_records)                       # the step being built, for messages
         self.device, self.dtype = resolve_device_dtype(config)
+        on_cpu = self.device.type == "cpu" or config.cpu_threads is not None
+        self.cpu_threads = use_threads(config.cpu_threads) if on_cpu else torch.get_num_threads()  # free cores
         self.attention_backend = resolve_backend(config.attention_backend, self.device, self.dtype)  # "auto" resolved
         self.backend = plugins.attention_backend(get_backend(self.attention_backend), step_of)
         check_quantization(config.quantization, config.model, self.device, self.dtype)

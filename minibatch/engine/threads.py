@@ -1,0 +1,74 @@
+"""How many CPU threads an engine runs its products and kernels on: the cores other programs leave free.
+
+A decode step is a few hundred parallel regions (each matrix product, each compiled kernel), and a
+parallel region ends only when its slowest thread does. With as many threads as cores, one core
+kept busy by another program (a browser tab, a video call, a test suite) makes every region wait
+for the thread that shares that core: measured on a 2-core machine with one core busy, the course
+ran about 20 times slower at 2 threads than at 1. So when an engine starts on a CPU it looks at how
+many cores other programs kept busy over a fraction of a second, and uses the rest:
+
+    threads = clamp(round(cores - busy cores), 1, the process's default thread count)
+
+The default count is torch's at import (OMP_NUM_THREADS where set, else the cores), so setting
+OMP_NUM_THREADS still caps the threads; `EngineConfig(cpu_threads=N)` fixes N and skips the look.
+The choice is process-wide (torch's and Numba's thread pools are), made again by each new engine,
+and cached for LOOK_TTL_S so that building many engines in a row does not pay for many looks.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numba
+import psutil
+import torch
+
+LOOK_S = 0.25       # how long to watch the other programs' load
+LOOK_TTL_S = 30.0   # a look is reused for this long
+DEFAULT_THREADS = torch.get_num_threads()    # before any engine changed it
+_last_look: tuple[float, float] | None = None  # (monotonic time, busy cores)
+
+
+def busy_cores(look_s: float = LOOK_S) -> float:
+    """Cores kept busy by programs other than this one, on average over look_s seconds of sleep."""
+    me = psutil.Process()
+    before, mine_before = psutil.cpu_times(), me.cpu_times()
+    start = time.monotonic()
+    time.sleep(look_s)
+    after, mine_after = psutil.cpu_times(), me.cpu_times()
+    elapsed = time.monotonic() - start
+    busy_s = _busy_seconds(after) - _busy_seconds(before)                   # every core, every program
+    mine_s = (mine_after.user + mine_after.system) - (mine_before.user + mine_before.system)
+    return max(0.0, (busy_s - mine_s) / elapsed)
+
+
+def _busy_seconds(times) -> float:
+    """CPU seconds spent on anything but idling since boot, all cores together (Linux counts a virtual
+    machine's guest time inside user time, so it is taken out once, as psutil's own cpu_percent does)."""
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    return total - times.idle - getattr(times, "iowait", 0.0)
+
+
+def free_threads(cores: int | None = None, busy: float | None = None, most: int | None = None) -> int:
+    """Threads for the cores other programs leave free: round(cores - busy), between 1 and most."""
+    cores = cores or os.cpu_count() or 1
+    most = most or DEFAULT_THREADS
+    busy = cached_busy_cores() if busy is None else busy
+    return max(1, min(most, round(cores - busy)))
+
+
+def cached_busy_cores() -> float:
+    global _last_look
+    now = time.monotonic()
+    if _last_look is None or now - _last_look[0] > LOOK_TTL_S:
+        _last_look = (now, busy_cores())
+    return _last_look[1]
+
+
+def use_threads(cpu_threads: int | None) -> int:
+    """Set torch's and Numba's thread counts for an engine on the CPU: cpu_threads if given, else the free
+    cores (free_threads). Returns the count."""
+    threads = cpu_threads if cpu_threads is not None else free_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # first: starting Numba's pool resets OpenMP's
+    torch.set_num_threads(threads)
+    return threads

@@ -1,0 +1,85 @@
+"""An engine on the CPU uses the cores other programs leave free (minibatch/engine/threads.py)."""
+import subprocess
+import sys
+import threading
+import time
+
+import numba
+import pytest
+import torch
+
+from minibatch import LLM, EngineConfig
+from minibatch.config import ConfigError
+from minibatch.engine import threads
+
+
+@pytest.fixture
+def restore_threads():
+    torch_before, numba_before = torch.get_num_threads(), numba.get_num_threads()
+    yield
+    numba.set_num_threads(numba_before)        # Numba first: starting its pool resets OpenMP's count
+    torch.set_num_threads(torch_before)
+
+
+@pytest.mark.parametrize("cores,busy,most,expected", [
+    (2, 0.0, 2, 2), (2, 0.3, 2, 2), (2, 1.0, 2, 1), (2, 2.7, 2, 1),    # one core busy: one thread
+    (8, 2.6, 8, 5), (8, 0.0, 4, 4), (16, 15.9, 16, 1), (1, 0.0, 1, 1),
+])
+def test_threads_are_the_free_cores_between_one_and_the_default(cores, busy, most, expected):
+    assert threads.free_threads(cores, busy, most) == expected
+
+
+def test_a_program_spinning_on_a_core_counts_as_busy():
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)                                                     # let it start spinning
+        busy = max(threads.busy_cores(0.3) for _ in range(2))
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert busy >= 0.5, busy
+
+
+def test_this_process_own_work_is_not_counted():
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    worker = threading.Thread(target=spin)
+    worker.start()
+    try:
+        busy = min(threads.busy_cores(0.3) for _ in range(2))
+    finally:
+        stop.set()
+        worker.join()
+    assert busy < 0.5, busy
+
+
+def test_a_fixed_count_sets_torch_and_numba_and_skips_the_look(restore_threads, monkeypatch):
+    monkeypatch.setattr(threads, "busy_cores", lambda *a: pytest.fail("no look with a fixed count"))
+    assert threads.use_threads(1) == 1
+    assert torch.get_num_threads() == 1 and numba.get_num_threads() == 1
+
+
+def test_the_engine_reports_and_uses_its_threads(restore_threads, monkeypatch):
+    llm = LLM(EngineConfig(model="tiny", cpu_threads=1))
+    assert llm.engine.cpu_threads == 1 and torch.get_num_threads() == 1
+    monkeypatch.setattr(threads, "_last_look", None)
+    monkeypatch.setattr(threads, "busy_cores", lambda *a: float(threads.os.cpu_count() or 1))   # every core busy
+    assert LLM(EngineConfig(model="tiny")).engine.cpu_threads == 1
+
+
+def test_a_look_is_reused_for_a_while(monkeypatch):
+    looks = []
+    monkeypatch.setattr(threads, "_last_look", None)
+    monkeypatch.setattr(threads, "busy_cores", lambda *a: looks.append(1) or 0.0)
+    threads.free_threads(), threads.free_threads()
+    assert len(looks) == 1
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, "2"])
+def test_a_bad_thread_count_names_the_field(value):
+    with pytest.raises(ConfigError, match=f"cpu_threads={value!r}"):
+        EngineConfig(model="tiny", cpu_threads=value)
