@@ -1,4 +1,5 @@
-"""A learner's correct pieces for the engine's extension points, as the build exercises' solutions write them."""
+"""A learner's correct pieces for the engine's extension points, as the build exercises' solutions write them,
+and the allocator mistakes that both the checkers' and the engine guards' tests plant."""
 import torch
 
 from minibatch.engine.kv import BlockManager
@@ -69,3 +70,25 @@ def attend(query, k_cache, v_cache, block_table, context_len, scale):
 
 def greedy(logits, requests):
     return logits.argmax(-1)
+
+
+class LosesFreedBlocks(FreeListAllocator):
+    """A planted mistake: free() drops a request's blocks without returning them to the free list."""
+
+    def free(self, request_id):
+        for block in self.block_tables.pop(request_id, []):
+            del self.ref_counts[block]
+        self.tokens_stored.pop(request_id, None)
+
+
+class ForgetsRefCounts(FreeListAllocator):
+    """A planted mistake: allocate() leaves no reference counts (free() returns the blocks all the same)."""
+
+    def allocate(self, request_id, num_tokens, prefix=()):
+        table = super().allocate(request_id, num_tokens, prefix)
+        self.ref_counts.clear()
+        return table
+
+    def free(self, request_id):
+        self.free_blocks.extend(self.block_tables.pop(request_id, []))
+        self.tokens_stored.pop(request_id, None)

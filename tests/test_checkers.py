@@ -156,7 +156,7 @@ def test_prefix_lookup_that_counts_blocks_is_caught():
 
 # ---- the build track: pieces that run inside the engine ---------------------------------------
 
-from learner_pieces import FreeListAllocator, JoinLeaveScheduler, attend  # noqa: E402
+from learner_pieces import ForgetsRefCounts, FreeListAllocator, JoinLeaveScheduler, LosesFreedBlocks, attend  # noqa: E402
 from minibatch.checks import check_allocator, check_attend, check_built_engine, check_prefix_hash, check_scheduler  # noqa: E402
 
 
@@ -227,32 +227,14 @@ class OneBlockPerCall(FreeListAllocator):
         return super().allocate(request_id, min(num_tokens, held + 1))
 
 
-class KeepsFreedBlocks(FreeListAllocator):
-    def free(self, request_id):
-        for block in self.block_tables.pop(request_id, []):
-            del self.ref_counts[block]
-        self.tokens_stored.pop(request_id, None)
-
-
-class NoRefCounts(FreeListAllocator):
-    def allocate(self, request_id, num_tokens, prefix=()):
-        table = super().allocate(request_id, num_tokens, prefix)
-        self.ref_counts.clear()
-        return table
-
-    def free(self, request_id):
-        self.free_blocks.extend(self.block_tables.pop(request_id, []))
-        self.tokens_stored.pop(request_id, None)
-
-
 @pytest.mark.parametrize("wrong, named", [
     (TakesFromTheEnd, r"(?s)after allocate\(0, 1\) \(block_size 4.*expected: block_tables \{0: \[0\]\}.*"
                       r"got: +block_tables \{0: \[7\]\}.*take new blocks from the front of free_blocks"),
     (OneBlockPerCall, r"(?s)allocate\(request 1, 9 tokens\), step 0: request 1's table \[\d\] holds fewer "
                       r"than 9 tokens"),
-    (KeepsFreedBlocks, r"(?s)free\(request 0\), step 0: blocks \[0, 1\] are neither free nor held.*"
+    (LosesFreedBlocks, r"(?s)free\(request 0\), step 0: blocks \[0, 1\] are neither free nor held.*"
                        r"back to free_blocks"),
-    (NoRefCounts, r"(?s)block 0 is in 1 block table\(s\) but ref_counts\[0\] is None"),
+    (ForgetsRefCounts, r"(?s)block 0 is in 1 block table\(s\) but ref_counts\[0\] is None"),
 ])
 def test_allocator_mistakes_are_caught(wrong, named):
     with pytest.raises(AssertionError, match=named):
@@ -288,8 +270,8 @@ def test_attention_mistakes_are_caught(wrong, named):
     ((JoinLeaveScheduler, FreeListAllocator, lambda q, k, v, t, c, s: attend(q, k, v, t, c, 1.0)),
      r"(?s)with your scheduler, allocator and attention and EngineConfig\(.*\), request 0's tokens differ from "
      r"transformers' generate\(\):\n  expected: \[.*\]\n  got: "),
-    ((JoinLeaveScheduler, KeepsFreedBlocks, attend),
-     r"(?s)the engine stopped your pieces:\nallocator KeepsFreedBlocks.free"),
+    ((JoinLeaveScheduler, LosesFreedBlocks, attend),
+     r"(?s)the engine stopped your pieces:\nallocator LosesFreedBlocks.free"),
     ((OffByOneSlot, FreeListAllocator, attend), r"(?s)the engine stopped your pieces:\nscheduler OffByOneSlot.admit"),
 ])
 def test_built_engine_mistakes_are_caught(pieces, named):

@@ -10,7 +10,7 @@ from minibatch.workloads.distributions import Fixed, Poisson
 
 @pytest.fixture(scope="module")
 def edge_report():
-    workload = [WorkloadRequest(0.01 * i, [5 + i, 6, 7, 8], SamplingParams(max_new_tokens=6, ignore_eos=True))
+    workload = [WorkloadRequest(0.0, [5 + i, 6, 7, 8], SamplingParams(max_new_tokens=6, ignore_eos=True))
                 for i in range(5)]
     llm = LLM(EngineConfig(model="tiny", scheduler="edge", max_batch_size=8, batch_timeout_s=5.0))
     return llm.run(workload, use_tqdm=False)

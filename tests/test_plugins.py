@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from conftest import reference_greedy
-from learner_pieces import FreeListAllocator, JoinLeaveScheduler, attend, greedy
+from learner_pieces import ForgetsRefCounts, FreeListAllocator, JoinLeaveScheduler, LosesFreedBlocks, attend, greedy
 from minibatch import LLM, ConfigError, EngineConfig, Plugins, SamplingParams
 from minibatch.engine.kv import hash_block
 from minibatch.engine.plugins import InvariantError
@@ -110,20 +110,6 @@ class PeeksFreeList(FreeListAllocator):
         return table
 
 
-class LosesBlocks(FreeListAllocator):
-    def free(self, request_id):
-        for block in self.block_tables.pop(request_id, []):
-            del self.ref_counts[block]
-        self.tokens_stored.pop(request_id, None)
-
-
-class NoRefCounts(FreeListAllocator):
-    def allocate(self, request_id, num_tokens, prefix=()):
-        table = super().allocate(request_id, num_tokens, prefix)
-        self.ref_counts.clear()
-        return table
-
-
 def last_row_only(query, k_cache, v_cache, block_table, context_len, scale):
     return attend(query, k_cache, v_cache, block_table, context_len, scale)[-1]
 
@@ -163,8 +149,8 @@ def first_token_hash(parent, tokens):
     (Plugins(scheduler=NeverFrees), {}, r"NeverFrees.finish, step \d+: request \d finished but still holds KV blocks"),
     (Plugins(allocator=PeeksFreeList), {}, r"allocate\(request 0, 9 tokens\), step 0: block 0 is held by request 0 "
                                            r"and is also in free_blocks"),
-    (Plugins(allocator=LosesBlocks), {}, r"free\(request \d\), step \d+: blocks \[.*\] are neither free nor held"),
-    (Plugins(allocator=NoRefCounts), {}, r"ref_counts\[\d+\] is None"),
+    (Plugins(allocator=LosesFreedBlocks), {}, r"free\(request \d\), step \d+: blocks \[.*\] are neither free nor held"),
+    (Plugins(allocator=ForgetsRefCounts), {}, r"ref_counts\[\d+\] is None"),
     (Plugins(attention=last_row_only), {}, r"attention last_row_only, step 0: for request 0 in layer 0 \(9 query rows"),
     (Plugins(attention=no_max_subtracted), {}, r"returned inf or nan"),
     (Plugins(sampling_rule=vocab_size_token), {},

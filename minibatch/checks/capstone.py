@@ -1,18 +1,14 @@
 """Chapter 15 (capstone): an EngineConfig that serves the capstone's workload within its SLA and KV budget."""
 
-from minibatch.checks.core import checker, describe
+from minibatch.checks.core import checker, learner_config
 
 
 @checker("choose_config()")
 def check_capstone(choose_config):
     from minibatch.analysis import capstone
-    from minibatch.config import ConfigError, EngineConfig
+    from minibatch.config import ConfigError
 
-    try:
-        config = choose_config()
-    except ConfigError as err:                       # EngineConfig refused a field
-        raise AssertionError(f"choose_config() built a configuration the engine refuses: {err}") from None
-    assert isinstance(config, EngineConfig), f"choose_config() must return an EngineConfig, got {describe(config)}"
+    config = learner_config(choose_config, "choose_config()")
     try:
         score = capstone.score(config)
     except ConfigError as err:                       # e.g. another model, or a KV cache too small for a request

@@ -4,7 +4,7 @@ open lab: decode-first or prefill-first, and a budget, for a burst of long promp
 
 import math
 
-from minibatch.checks.core import Case, check_cases, checker, describe
+from minibatch.checks.core import Case, check_cases, checker, learner_config
 
 
 def pick_token_budget(step_s, num_decoding, itl_limit_s, candidates):
@@ -92,18 +92,8 @@ def serve_stall_with(budget, num_decoding=3, long_prompt_tokens=512):
 def check_burst_lab(choose_step_order):
     """The open lab: the learner's step priority and token budget serve the long-prompt burst within its SLA."""
     from minibatch.analysis.burst import BURST_BASE, BURST_KNOBS, BURST_LIMITS, NAMES, burst_score, misses
-    from minibatch.config import ConfigError, EngineConfig
 
-    try:
-        config = choose_step_order(BURST_BASE)
-    except ConfigError as err:                       # EngineConfig refused a field
-        raise AssertionError(f"choose_step_order(base) built a configuration the engine refuses: {err}") from None
-    assert isinstance(config, EngineConfig), (f"choose_step_order(base) must return an EngineConfig, got "
-                                              f"{describe(config)}")
-    changed = [name for name in vars(BURST_BASE) if getattr(config, name) != getattr(BURST_BASE, name)
-               and name not in BURST_KNOBS]
-    assert not changed, (f"only {' and '.join(BURST_KNOBS)} may change, but {', '.join(changed)} changed too: build "
-                         "the answer with dataclasses.replace(base, ...)")
+    config = learner_config(choose_step_order, "choose_step_order(base)", BURST_BASE, BURST_KNOBS)
     score = burst_score(config)
     for (kind, figure), limit in BURST_LIMITS.items():
         print(f"{kind:9s} {NAMES[figure]:31s} {score[kind][figure]:6.2f} s (limit {limit:g} s)")

@@ -107,3 +107,21 @@ def describe_call(fn: Callable, args: tuple, kwargs: dict) -> str:
     """`name(arg, ..., key=value)` for messages."""
     parts = [describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()]
     return f"{getattr(fn, '__name__', 'your function')}({', '.join(parts)})"
+
+
+def learner_config(choose: Callable, call: str, base=None, knobs: tuple[str, ...] | None = None):
+    """The EngineConfig a learner's function returns (`call` names the call in messages): refused fields,
+    anything but an EngineConfig, and (with base and knobs) a change to a field outside knobs fail with
+    a message that says what to do."""
+    from minibatch.config import ConfigError, EngineConfig
+
+    try:
+        config = choose() if base is None else choose(base)
+    except ConfigError as err:                       # EngineConfig refused a field
+        raise AssertionError(f"{call} built a configuration the engine refuses: {err}") from None
+    assert isinstance(config, EngineConfig), f"{call} must return an EngineConfig, got {describe(config)}"
+    if base is not None:
+        changed = [name for name in vars(base) if getattr(config, name) != getattr(base, name) and name not in knobs]
+        assert not changed, (f"only {', '.join(knobs)} may change, but {', '.join(changed)} changed too: build the "
+                             "answer with dataclasses.replace(base, ...)")
+    return config
