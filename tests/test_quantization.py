@@ -105,6 +105,31 @@ def test_gguf_blocks_are_exactly_the_converted_checkpoints_weights():
 
 
 @pytest.mark.smollm2
+def test_blocks_are_cached_on_disk_and_read_again_only_while_the_file_is_unchanged(tmp_path, monkeypatch):
+    import os
+
+    from minibatch.engine.models import gguf_blocks
+    monkeypatch.setenv("MINIBATCH_CACHE", str(tmp_path))
+    source = gguf_file("smollm2-135m")
+    parsed = gguf_blocks.read_blocks.__wrapped__(source)                       # parses, then writes the cache
+    cache = tmp_path / f"{source.stem}.blocks.safetensors"
+    assert cache.exists()
+    monkeypatch.setattr(gguf_blocks, "_parse", lambda path: pytest.fail("the cache should have been read"))
+    cached = gguf_blocks.read_blocks.__wrapped__(source)
+    assert cached.keys() == {n for n, w in parsed.items() if w is not None}
+    for name, weight in cached.items():
+        assert weight.format == parsed[name].format and torch.equal(weight.codes, parsed[name].codes)
+        assert torch.equal(weight.scales, parsed[name].scales)
+        assert (weight.mins is None) == (parsed[name].mins is None)
+    stale = tmp_path / "stale.gguf"                                              # same bytes, another time stamp
+    stale.write_bytes(source.read_bytes())
+    os.utime(stale, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 10**9))
+    (tmp_path / "stale.blocks.safetensors").write_bytes(cache.read_bytes())     # a cache made for the other file
+    monkeypatch.setattr(gguf_blocks, "_parse", lambda path: {"parsed again": None})
+    assert gguf_blocks.read_blocks.__wrapped__(stale) == {"parsed again": None}
+
+
+@pytest.mark.smollm2
 def test_q4_1_tokens_equal_the_fp32_reference():
     model, _ = load_hf("smollm2-135m")
     llm = LLM(EngineConfig(model="smollm2-135m", quantization="q4_1", max_batch_size=4))

@@ -15,6 +15,11 @@ Two things differ from the converted checkpoint, and both are undone here:
   (row 2i and 2i+1 of a head are the two halves' i-th rows), and transformers reverses that
   permutation when it loads the file. A block lies inside one row, so reordering whole rows of
   blocks (`unpermute_rows`) gives the rows transformers loaded, exactly.
+
+Parsing the file's metadata (its 49,152-token vocabulary above all) takes the `gguf` package about
+5 s, so the blocks read once are kept beside the converted model as a safetensors file
+(`<cache>/<file stem>.blocks.safetensors`, codes, scales and minimums as stored); later processes
+load that in a fraction of a second. The cache is rebuilt when the GGUF file's size or time changes.
 """
 from __future__ import annotations
 
@@ -23,10 +28,11 @@ import pathlib
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 from minibatch.engine.models.quantized import QuantizedWeight
 from minibatch.engine.models.registry import resolve
-from minibatch.engine.models.smollm2 import gguf_path
+from minibatch.engine.models.smollm2 import gguf_path, model_cache_dir
 
 GGUF_NAMES = {  # Hugging Face name inside layer i -> GGUF name inside block i
     "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
@@ -65,6 +71,42 @@ def _from_bytes(data: np.ndarray, kind: str) -> QuantizedWeight:
 @functools.lru_cache(maxsize=2)
 def read_blocks(path: pathlib.Path) -> dict[str, QuantizedWeight | None]:
     """Every weight matrix of the file under its Hugging Face name: blocks, or None if its type has none here."""
+    stat = path.stat()
+    stamp = {"source": str(path), "size": str(stat.st_size), "mtime_ns": str(stat.st_mtime_ns)}
+    cache = model_cache_dir() / f"{path.stem}.blocks.safetensors"
+    if cache.exists():
+        from safetensors import safe_open
+        with safe_open(cache, "pt") as f:
+            fresh = f.metadata() == stamp
+        if fresh:
+            return _unflatten(load_file(cache))
+    blocks = _parse(path)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    partial = cache.with_suffix(".partial")
+    save_file(_flatten(blocks), partial, metadata=stamp)
+    partial.replace(cache)                           # whole or not at all, even if two processes race
+    return blocks
+
+
+def _flatten(blocks: dict) -> dict[str, torch.Tensor]:
+    """{name: QuantizedWeight or None} -> flat tensors "name|format|part" (a None matrix is left out)."""
+    flat = {}
+    for name, weight in blocks.items():
+        if weight is not None:
+            parts = {"codes": weight.codes, "scales": weight.scales, "mins": weight.mins}
+            flat |= {f"{name}|{weight.format}|{part}": t.contiguous() for part, t in parts.items() if t is not None}
+    return flat
+
+
+def _unflatten(flat: dict[str, torch.Tensor]) -> dict:
+    grouped: dict = {}
+    for key, tensor in flat.items():
+        name, kind, part = key.split("|")
+        grouped.setdefault((name, kind), {})[part] = tensor
+    return {name: QuantizedWeight(kind, p["codes"], p["scales"], p.get("mins")) for (name, kind), p in grouped.items()}
+
+
+def _parse(path: pathlib.Path) -> dict[str, QuantizedWeight | None]:
     from gguf import GGUFReader
 
     reader = GGUFReader(path)
