@@ -28,7 +28,7 @@ _C_TYPES = {torch.float32: ctypes.c_float, torch.int64: ctypes.c_int64}
 _views: dict[int, tuple[weakref.ref, np.ndarray]] = {}     # id(tensor) -> (the tensor, weakly; its numpy view)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _rms_norm(x, weight, eps, out):
     rows, width = x.shape                                  # x, out: (T, C)
     for t in range(rows):
@@ -40,7 +40,7 @@ def _rms_norm(x, weight, eps, out):
             out[t, c] = weight[c] * (x[t, c] * inv_rms)
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _rotate(x, base, cos, signed_sin, out):
     """out (D,) = x[base:base + D] * cos + rotate_half(x[base:base + D]) * sin, halves without a modulo."""
     half = out.shape[0] // 2
@@ -50,7 +50,7 @@ def _rotate(x, base, cos, signed_sin, out):
         out[d] = x[base + d] * cos[d] + x[base + d - half] * signed_sin[d]
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_mapping, q_out):
     num_heads, head_dim = q_out.shape[1], q_out.shape[2]   # qkv: (T, (Hq + 2 Hkv) D), q_out: (T, Hq, D)
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]  # caches: (N, bs, Hkv, D)

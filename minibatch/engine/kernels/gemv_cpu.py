@@ -28,7 +28,7 @@ STREAM_ROWS = 2        # up to this many rows the streamed loop beats a library 
 ROWS_PER_TASK = 32     # weight rows a thread takes at a time
 
 
-@njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
+@njit(parallel=True, nogil=True, fastmath={"reassoc", "contract"}, cache=True)
 def _stream(x, weight, residual, add_residual, out):
     rows, width = x.shape                                  # x: (T, K), weight: (N, K), residual, out: (T, N)
     num_outputs = weight.shape[0]

@@ -28,7 +28,7 @@ import torch
 from numba import njit, prange
 
 
-@njit(cache=True)
+@njit(nogil=True, cache=True)
 def _write_kv(key, value, k_cache, v_cache, slot_mapping):
     block_size = k_cache.shape[1]
     for t in range(key.shape[0]):                        # a memory copy: threads would not pay off
@@ -37,7 +37,7 @@ def _write_kv(key, value, k_cache, v_cache, slot_mapping):
         v_cache[block, offset] = value[t]
 
 
-@njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
+@njit(parallel=True, nogil=True, fastmath={"reassoc", "contract"}, cache=True)
 def _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out):
     num_rows, num_heads, head_dim = query.shape                 # query, out: (T, Hq, D)
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]  # caches: (N, bs, Hkv, D)

@@ -90,7 +90,7 @@ def _expand_q4_1(codes, d, m, block, w):
             out[j + half] = scale * np.float32(q[j] >> 4) + low
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _q8_0_matmul(x, codes, scales, block):
     num_out = codes.shape[0]                                  # x (T, K); codes (N, K) int8
     num_blocks = scales.shape[1]                              # scales (N, K/32) uint16
@@ -106,7 +106,7 @@ def _q8_0_matmul(x, codes, scales, block):
     return out
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _q4_1_matmul(x, codes, scales, mins, block):
     num_out = codes.shape[0]                                  # x (T, K); codes (N, K/2) uint8
     num_blocks = scales.shape[1]                              # scales, mins (N, K/32) uint16
