@@ -146,6 +146,29 @@ def test_64_concurrent_streaming_clients(server):
     assert server.engine.blocks.num_free_blocks == server.engine.blocks.num_blocks
 
 
+def test_a_steps_updates_reach_the_event_loop_in_one_call(monkeypatch):
+    """The engine thread wakes the event loop once per step, whatever the number of streams."""
+    from minibatch.serving import engine_thread
+    calls, deliver = [], engine_thread.deliver
+
+    def counted(updates):
+        calls.append(len(updates))
+        deliver(updates)
+    monkeypatch.setattr(engine_thread, "deliver", counted)
+
+    async def main(url):
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            return await asyncio.gather(*(streamed(client, *body(2 * i, True)) for i in range(8)))   # completions
+
+    with ServerThread(EngineConfig(**TINY)) as running:
+        streams = asyncio.run(main(running.url))
+        steps = len(running.engine.step_records)
+    assert all(s["done"] and s["error"] is None for s in streams)
+    assert sum(calls) >= sum(s["chunks"] for s in streams)    # every chunk came through a hand-over
+    assert len(calls) <= steps, f"{len(calls)} hand-overs for {steps} steps"
+    assert calls and max(calls) > 1, "no step handed over the updates of several requests at once"
+
+
 def test_disconnect_mid_stream_aborts_and_frees(server):
     long = {"model": "tiny", "prompt": "Go on", "max_tokens": 400, "ignore_eos": True, "stream": True}
     short = {"model": "tiny", "prompt": "Meanwhile", "max_tokens": 16, "temperature": 0.8, "seed": 5}

@@ -82,12 +82,3 @@ def test_a_look_is_reused_for_a_while(monkeypatch):
 def test_a_bad_thread_count_names_the_field(value):
     with pytest.raises(ConfigError, match=f"cpu_threads={value!r}"):
         EngineConfig(model="tiny", cpu_threads=value)
-
-
-def test_a_server_leaves_one_free_core_to_its_front_end(monkeypatch):
-    from minibatch.serving import server
-    monkeypatch.setattr(server, "free_threads", lambda: 4)
-    assert server.reserve_front_end_core(EngineConfig(model="tiny")).cpu_threads == 3
-    assert server.reserve_front_end_core(EngineConfig(model="tiny", cpu_threads=4)).cpu_threads == 4
-    monkeypatch.setattr(server, "free_threads", lambda: 1)
-    assert server.reserve_front_end_core(EngineConfig(model="tiny")).cpu_threads == 1

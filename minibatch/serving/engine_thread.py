@@ -6,7 +6,8 @@ request handler ever waits for a step and no step waits for a handler. They meet
   The thread takes the whole inbox between steps; when it has no work it sleeps on a condition
   variable that `submit` and `abort` notify.
 - each job's asyncio queue of `Update`s, filled from the engine thread with
-  `loop.call_soon_threadsafe` after every step in which the job's request produced tokens.
+  `loop.call_soon_threadsafe` after every step in which the job's request produced tokens: one call
+  per step for all of them, so the event loop wakes once per step, not once per request.
 Only the engine thread touches the `LLMEngine`; the HTTP side only reads counts from it.
 """
 from __future__ import annotations
@@ -57,6 +58,12 @@ class Job:
     def push(self, update: Update) -> None:
         """From the engine thread: hand an update to the job's reader on the event loop."""
         self.loop.call_soon_threadsafe(self.updates.put_nowait, update)
+
+
+def deliver(updates: list[tuple[Job, Update]]) -> None:
+    """On the event loop: put each update in its job's queue (a step's updates arrive in one call)."""
+    for job, update in updates:
+        job.updates.put_nowait(update)
 
 
 class EngineThread(Arrivals):
@@ -174,7 +181,8 @@ class EngineThread(Arrivals):
         self.on_abort(request)
 
     def _publish(self) -> None:
-        """Send every job whose request moved this step its new text; retire finished ones."""
+        """Send every job whose request moved this step its new text, in one call; retire finished ones."""
+        updates = []
         for rid, job in list(self._active.items()):
             request = job.request
             n = len(request.output_token_ids)
@@ -190,13 +198,16 @@ class EngineThread(Arrivals):
             if stopped and not request.is_finished:
                 self._end_early(request, "stop")   # a stop string: end it now, its blocks go back
             if request.is_finished:
-                job.push(Update(job.index, delta, n, "stop" if stopped else request.finish_reason,
-                                logprobs=self._new_logprobs(job), num_cached_tokens=request.num_cached_tokens))
+                updates.append((job, Update(job.index, delta, n, "stop" if stopped else request.finish_reason,
+                                            logprobs=self._new_logprobs(job),
+                                            num_cached_tokens=request.num_cached_tokens)))
                 del self._active[rid]
                 self.engine.release(request)
             elif delta:
-                job.push(Update(job.index, delta, n, logprobs=self._new_logprobs(job),
-                                num_cached_tokens=request.num_cached_tokens))
+                updates.append((job, Update(job.index, delta, n, logprobs=self._new_logprobs(job),
+                                            num_cached_tokens=request.num_cached_tokens)))
+        if updates:
+            updates[0][0].loop.call_soon_threadsafe(deliver, updates)   # every job shares the server's loop
 
     def _new_logprobs(self, job: Job) -> list[TokenLogprob] | None:
         """The log-probabilities of the tokens produced since the job's last update, with their texts."""
