@@ -175,6 +175,7 @@ def test_results_schema_and_loader(tmp_path, monkeypatch):
 def test_the_near_tie_rule_compares_up_to_the_first_tie():
     ref = Reference([[1, 2, 3, 4], [5, 6]], [[3.0, 0.1, 2.0, 2.0], [1.0, 1.0]])
     assert ref.first_ties(0.5) == [1, 2]
+    assert ref.first_ties(2.0) == [1, 0]                             # a gap of exactly the tolerance is a tie
     parted_at_tie = [[1, 9, 9, 9], [5, 6]]
     assert not ref.check(parted_at_tie).exact                        # exactly: the first request differs
     assert ref.check(parted_at_tie, 0.5).exact                       # near-tie rule: it parted at a tie

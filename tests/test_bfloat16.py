@@ -22,7 +22,7 @@ def reference_with_ties(model, prompt_ids: list[int]) -> tuple[list[int], int]:
                              output_scores=True, return_dict_in_generate=True)
     tokens = out.sequences[0, len(prompt_ids):].tolist()
     gaps = [float(top[0] - top[1]) for top in (s[0].float().topk(2).values for s in out.scores)]
-    first_tie = next((i for i, gap in enumerate(gaps) if gap < TIE_TOLERANCE), len(tokens))
+    first_tie = next((i for i, gap in enumerate(gaps) if gap <= TIE_TOLERANCE), len(tokens))
     return tokens, first_tie
 
 

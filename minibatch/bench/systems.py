@@ -8,7 +8,7 @@ and llama.cpp (each in its own Python) in `external.py`.
 
 Each system also says which greedy reference its tokens are checked against (`reference`: transformers in
 float32 or in bfloat16) and how: exactly (`tie_tolerance` 0) or up to the first position where the
-reference's top-2 logits are closer than `tie_tolerance` (the near-tie rule of DESIGN.md).
+reference's top-2 logits are at most `tie_tolerance` apart (the near-tie rule of DESIGN.md).
 """
 from __future__ import annotations
 
