@@ -71,7 +71,7 @@ def test_a_path_that_does_not_exist_or_cannot_run_is_refused_by_name():
 @given(path=st.sampled_from(CPU_PATHS), rows=st.integers(0, STREAM_ROWS + 2), k=st.integers(1, 300),
        n=st.integers(1, 200), seed=st.integers(0, 2**16))
 def test_add_to_adds_the_residual_on_every_path_and_row_count(path, rows, k, n, seed):
-    """One and two rows go through the streamed loop, which adds the residual as it writes; more rows do not."""
+    """Up to STREAM_ROWS rows go through the streamed loop, which adds the residual as it writes; more rows do not."""
     generator = torch.Generator().manual_seed(seed)
     x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
     residual = torch.randn(rows, n, generator=generator)
@@ -79,16 +79,28 @@ def test_add_to_adds_the_residual_on_every_path_and_row_count(path, rows, k, n, 
     torch.testing.assert_close(out, residual + F.linear(x, weight), rtol=1e-5, atol=1e-4)
 
 
-def test_one_or_two_fp32_rows_are_streamed_and_other_dtypes_are_not(monkeypatch):
+def test_a_few_fp32_rows_are_streamed_and_other_dtypes_are_not(monkeypatch):
     import minibatch.engine.models.linear as linear_module
     calls = []
     streamed = linear_module.streamed_linear
     monkeypatch.setattr(linear_module, "streamed_linear", lambda *a: calls.append(a[0].shape[0]) or streamed(*a))
     product = Linear(torch.randn(6, 4))
-    for rows in (1, 2, 3, 8):
+    counts = (1, 2, 3, 8, STREAM_ROWS, STREAM_ROWS + 1, 32)
+    for rows in counts:
         product(torch.randn(rows, 4))
-    assert calls == [r for r in (1, 2, 3, 8) if r <= STREAM_ROWS]
+    assert calls == [r for r in counts if r <= STREAM_ROWS] and STREAM_ROWS + 1 not in calls
     assert Linear(torch.randn(6, 4, dtype=torch.bfloat16), "weight-first").streamed is None
+
+
+@pytest.mark.parametrize("rows", range(1, 22))
+def test_the_streamed_loop_at_every_grouping_of_rows(rows):
+    """Rows go eight, then four, then one at a time: every mix of the three equals F.linear."""
+    generator = torch.Generator().manual_seed(rows)
+    x, weight = torch.randn(rows, 77, generator=generator), torch.randn(45, 77, generator=generator)
+    residual = torch.randn(rows, 45, generator=generator)
+    torch.testing.assert_close(streamed_linear(x, weight.numpy()), F.linear(x, weight), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(streamed_linear(x, weight.numpy(), residual), residual + F.linear(x, weight),
+                               rtol=1e-5, atol=1e-4)
 
 
 def test_the_streamed_loop_reads_a_transposed_input_and_leaves_it_alone():
