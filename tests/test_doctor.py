@@ -85,6 +85,15 @@ def test_small_disk_and_thread_oversubscription_are_reported(tmp_path, monkeypat
     assert_problem(doctor.check_cpu(), "warn", "OMP_NUM_THREADS")
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bfloat16_says_whether_the_cpu_has_it(monkeypatch, native):
+    import torch
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+    check = doctor.check_bfloat16()
+    assert check.status == "ok" and ("natively" in check.detail) == native
+    assert native or "keep the default float32" in check.detail
+
+
 def test_summary_line_counts_every_check_and_names_the_machine():
     checks = [doctor.Check("a", "ok", ""), doctor.Check("b", "warn", "", "fix"),
               doctor.Check("model", "fail", "", "fix")]
