@@ -1,4 +1,6 @@
 """The model registry and loaders: built-in names, local checkpoints, errors, and the default model."""
+import subprocess
+import sys
 import types
 
 import huggingface_hub.constants
@@ -98,6 +100,49 @@ def test_local_checkpoint_with_gqa_and_untied_embeddings(tmp_path):
     ids = torch.tensor([[5, 17, 250, 3]])
     with torch.no_grad():
         assert torch.equal(hf(ids).logits, original(ids).logits)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_folder_read_directly_holds_what_transformers_loads(tmp_path, tied, dtype):
+    """load_model reads the safetensors file itself: the same tensors, dtype, tying and stop tokens as transformers."""
+    config = _gqa_untied_config()
+    config.tie_word_embeddings = tied
+    random_llama(config, seed=3).save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), dtype)
+    reference, _ = load_hf(str(tmp_path), dtype)
+    expected = reference.state_dict()
+    assert loaded.state_dict.keys() == expected.keys()
+    assert all(loaded.state_dict[k].dtype == dtype and torch.equal(loaded.state_dict[k], expected[k]) for k in expected)
+    same_tensor = loaded.state_dict["lm_head.weight"].data_ptr() == loaded.state_dict["model.embed_tokens.weight"].data_ptr()
+    assert same_tensor == tied
+    assert loaded.eos_token_ids == reference.generation_config.eos_token_id
+
+
+def test_a_folder_with_names_a_llama_lacks_is_loaded_through_transformers(tmp_path):
+    """A saved buffer transformers drops (old checkpoints kept rotary_emb.inv_freq) sends the folder through it."""
+    from safetensors.torch import load_file, save_file
+    random_llama(_gqa_untied_config(), seed=3).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({**weights, "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    loaded = load_model(str(tmp_path))
+    assert "model.layers.0.self_attn.rotary_emb.inv_freq" not in loaded.state_dict
+    assert all(torch.equal(loaded.state_dict[k], v) for k, v in weights.items())
+
+
+def test_an_engine_on_a_folder_never_imports_transformers_modelling_code(tmp_path):
+    """Importing the modelling code costs seconds in every notebook: the engine's path must not need it."""
+    random_llama(_gqa_untied_config(), seed=3).save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    script = ("import sys\n"
+              "from minibatch import LLM, EngineConfig, SamplingParams\n"
+              f"llm = LLM(EngineConfig(model={str(tmp_path)!r}, max_model_len=64))\n"
+              "llm.generate(['hi'], SamplingParams(max_new_tokens=2), use_tqdm=False)\n"
+              "print(sorted(m for m in sys.modules if m.startswith('transformers.modeling_utils')))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 @pytest.mark.parametrize("source", ["tiny", "smollm2-135m", "smollm2-360m-random", "gqa-folder"])

@@ -3,6 +3,11 @@ plain weights, config and tokenizer that the engine's own forward pass reads (`l
 the same without weights for the simulator and the memory arithmetic (`load_model_spec`). All
 three find the model through one dispatch (`_find`) and stop at the same end-of-sequence tokens.
 
+The engine reads a local checkpoint's safetensors files directly (`_read_checkpoint`): its weights
+are the same tensors transformers would load, and skipping transformers' modelling code saves
+seconds of imports in every process that never builds the reference. Random models, hub ids and
+checkpoints in other formats go through transformers.
+
 Only the Llama architecture is supported (and Mistral without sliding-window attention, which is
 the same network): RMSNorm, rotary position embeddings without scaling, grouped-query attention,
 a SwiGLU MLP, no biases; embeddings tied or untied. Anything else is refused with a clear error
@@ -10,11 +15,13 @@ before weights are read.
 """
 
 import functools
+import json
 import pathlib
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PretrainedConfig
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from minibatch.engine.models.registry import KNOWN_MODELS, resolve
@@ -138,8 +145,9 @@ def load_hf(name: str, dtype: torch.dtype = torch.float32):
 
     Its generation_config stops at the same eos_token_ids as LoadedModel, so generate() is a fair reference.
     """
-    if dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(map(str, SUPPORTED_DTYPES))}")
+    from transformers import AutoModelForCausalLM   # the modelling code: seconds to import, so only when needed
+
+    _check_dtype(dtype)
     found = _find(name)
     if found.weights is None:
         model = random_llama(found.config, dtype=dtype)
@@ -154,23 +162,65 @@ def load_hf(name: str, dtype: torch.dtype = torch.float32):
 
 def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Config, weights (Hugging Face names), tokenizer and stop tokens of `name`, for the engine."""
+    _check_dtype(dtype)
+    found = _find(name)
+    state_dict = _read_checkpoint(found.weights, found.config, dtype)
+    if state_dict is not None:
+        return LoadedModel(str(name), found.config, state_dict, found.tokenizer, _stop_tokens(found))
     model, tokenizer = load_hf(name, dtype)
     state_dict = model.state_dict()  # detached tensors that share the model's storage
     _check_weight_names(state_dict, model.config, name)
     return LoadedModel(str(name), model.config, dict(state_dict), tokenizer, model.generation_config.eos_token_id)
 
 
-@functools.lru_cache(maxsize=8)
-def load_model_spec(name: str) -> LoadedModel:
-    """`load_model` without the weights (an empty state_dict): config, tokenizer and the same stop tokens."""
-    found = _find(name)
+def _check_dtype(dtype: torch.dtype) -> None:
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(map(str, SUPPORTED_DTYPES))}")
+
+
+def _read_checkpoint(ref: str | None, config: PretrainedConfig, dtype: torch.dtype) -> dict | None:
+    """A local folder's weights read from its safetensors file(s) in `dtype`, with Hugging Face names and the
+    LM head tied as transformers ties it; None where transformers must load them (random weights, a hub id,
+    another file format, or names that are not exactly a Llama's)."""
+    folder = pathlib.Path(ref) if ref is not None else None
+    if folder is None or not folder.is_dir():
+        return None
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():                                        # sharded: the index names each tensor's file
+        files = sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = [folder / "model.safetensors"]
+    if not all(f.is_file() for f in files):
+        return None
+    state_dict = {}
+    for file in files:
+        state_dict.update((k, v.to(dtype)) for k, v in load_file(file).items())
+    if config.tie_word_embeddings and "model.embed_tokens.weight" in state_dict:
+        state_dict["lm_head.weight"] = state_dict["model.embed_tokens.weight"]   # one tensor, as transformers ties it
+    try:
+        _check_weight_names(state_dict, config, str(ref))
+    except ValueError:                                  # e.g. buffers saved by old versions, which transformers drops
+        return None
+    return state_dict
+
+
+def _stop_tokens(found: _Found) -> list[int]:
+    """The stop tokens transformers' generate() would use: the generation config's (the model config's
+    when the folder has none), then the tokenizer's end of sequence."""
     generation = GenerationConfig.from_model_config(found.config)  # what transformers falls back to
     if found.weights is not None:
         try:
             generation = GenerationConfig.from_pretrained(found.weights)
         except OSError:  # no generation_config.json
             pass
-    return LoadedModel(str(name), found.config, {}, found.tokenizer, eos_token_ids(generation, found.tokenizer))
+    return eos_token_ids(generation, found.tokenizer)
+
+
+@functools.lru_cache(maxsize=8)
+def load_model_spec(name: str) -> LoadedModel:
+    """`load_model` without the weights (an empty state_dict): config, tokenizer and the same stop tokens."""
+    found = _find(name)
+    return LoadedModel(str(name), found.config, {}, found.tokenizer, _stop_tokens(found))
 
 
 def _check_weight_names(state_dict: dict, config: PretrainedConfig, name: str) -> None:

@@ -8,13 +8,17 @@ how many other tensors the model has. The `tiny` tokenizer is byte-level: token 
 after three special tokens, so any UTF-8 text round-trips and a prompt of n bytes is n tokens.
 """
 
+from __future__ import annotations
+
 import zlib
+from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerFast
-from transformers.convert_slow_tokenizer import bytes_to_unicode
-from transformers.initialization import no_init_weights
+from transformers import LlamaConfig, PreTrainedTokenizerFast
+
+if TYPE_CHECKING:   # the modelling code takes seconds to import: only random_llama needs it, and imports it
+    from transformers import PreTrainedModel
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 CHAT_TEMPLATE = (  # ChatML, the format SmolLM2 uses
@@ -28,6 +32,8 @@ DEFAULT_SEED = 0  # every random model is built from this seed unless told other
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer: 3 special tokens, then one token per byte (no merges)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
     byte_chars = bytes_to_unicode()  # byte -> the printable character byte-level BPE uses for it
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     vocab.update({byte_chars[b]: len(SPECIAL_TOKENS) + b for b in range(256)})
@@ -96,6 +102,9 @@ def smollm2_shaped_config(size: str) -> LlamaConfig:
 
 def random_llama(config: LlamaConfig, seed: int = DEFAULT_SEED, dtype=torch.float32) -> PreTrainedModel:
     """A transformers Llama with weights drawn from `seed`: norms are 1, matrices N(0, initializer_range)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
     with no_init_weights():  # allocate only; every parameter is filled below
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.tie_weights()  # skipped with the initialisation; a no-op unless tie_word_embeddings
