@@ -40,6 +40,7 @@ class StepProfiler:
     def instrument(self, model, runner) -> None:
         """Wrap runner.prepare and the model's part methods on these instances (the class is untouched)."""
         runner.prepare = self.timed("prepare", runner.prepare)
+        model.whole_layers = False                  # a layer in one compiled call has no parts to time
         for method, part in _MODEL_METHODS.items():
             setattr(model, method, self.timed(part, getattr(model, method)))
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minibatch.engine.kernels import fused_cpu
+from minibatch.engine.kernels import fused_cpu, layer_cpu
 from minibatch.engine.models import LoadedModel, rope_theta
 from minibatch.engine.models.linear import Linear
 from minibatch.engine.models.shape import ModelShape
@@ -66,6 +66,7 @@ class LlamaModel(ModelShape):
                 "down": linear([p + "mlp.down_proj.weight"]),               # (C, I)
             })
         self.fused = fused_cpu.supports(self.embed)  # float32 on CPU: the small parts run as compiled loops
+        self.whole_layers = self.fused               # ...and a decode step's layers as one compiled call each
         # Rotary tables, computed in fp32 like transformers, then cast.
         inv_freq = 1.0 / (rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # (P, D/2)
@@ -99,7 +100,12 @@ class LlamaModel(ModelShape):
         num_layers runs only the first layers before the final norm and LM head (a layer-skip draft).
         """
         x, rotary = self.embed_inputs(input_ids, positions)                # (T, C), see embed_inputs
-        for layer, k_cache, v_cache in zip(self.layers[:num_layers], kv_cache.k, kv_cache.v):
+        layers = self.layers[:num_layers]
+        if self.whole_layers and layer_cpu.applies(layers, x.shape[0], backend):   # see kernels/layer_cpu.py
+            x = layer_cpu.run_layers(x, layers, kv_cache, rotary, slot_mapping, meta, self.eps, self.scale,
+                                     self.num_heads)
+            return self.lm_head_logits(self.norm(x[logits_rows], self.final_norm))  # (S, V)
+        for layer, k_cache, v_cache in zip(layers, kv_cache.k, kv_cache.v):
             h = self.norm(x, layer["attn_norm"])
             x = self.attention(h, x, layer, rotary, k_cache, v_cache, slot_mapping, meta, backend)
             h = self.norm(x, layer["mlp_norm"])
