@@ -9,7 +9,9 @@ Weights come from a Hugging Face checkpoint (transformers is the loader); the pr
 read the same input are fused (q|k|v, gate|up) so a layer makes fewer, larger matrix products,
 each a `Linear` that stores its weight the way this machine multiplies fastest
 (`minibatch.engine.models.linear`: prepacked for oneDNN on CPU), or with `quantization` set a
-`QuantizedLinear` over blocks of 8 or 4 bits (`minibatch.engine.models.weights`).
+`QuantizedLinear` over blocks of 8 or 4 bits (`minibatch.engine.models.weights`). In float32 on a
+CPU the small parts run as compiled loops (`kernels.fused_cpu`), and a decode step runs each layer
+as one compiled call of the same kernels (`kernels.layer_cpu`), with no Python between its parts.
 """
 from __future__ import annotations
 
