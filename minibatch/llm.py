@@ -61,11 +61,19 @@ class RequestOutput:
 
 
 class LLM:
-    """An engine with a friendly front: `LLM(EngineConfig(...))` or `LLM(model="tiny", ...)`; with
-    `plugins=Plugins(scheduler=..., allocator=..., attention=...)` it runs your pieces, checked."""
+    """An engine with a friendly front: `LLM(EngineConfig(...))`, `LLM(model="tiny", ...)` or, as vLLM's,
+    `LLM("tiny", ...)`; with `plugins=Plugins(scheduler=..., allocator=..., attention=...)` it runs your
+    pieces, checked."""
 
-    def __init__(self, config: EngineConfig | None = None, clock=None, plugins: Plugins | None = None,
+    def __init__(self, config: EngineConfig | str | None = None, clock=None, plugins: Plugins | None = None,
                  **config_fields):
+        if isinstance(config, str):                      # the model's name first, as vLLM's LLM takes it
+            if "model" in config_fields:
+                raise ConfigError(f"model given twice: {config!r} and model={config_fields['model']!r}; pass one")
+            config, config_fields = None, {"model": config, **config_fields}
+        if config is not None and not isinstance(config, EngineConfig):
+            raise ConfigError(f"config={config!r} is not allowed: pass an EngineConfig, a model name "
+                              "or the config's fields as keywords")
         if config is not None and config_fields:
             raise ConfigError("pass either an EngineConfig or its fields as keywords, not both")
         self.config = config or EngineConfig(**config_fields)

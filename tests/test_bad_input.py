@@ -82,6 +82,14 @@ def test_bad_engine_config(kwargs, words):
         assert word in str(err.value)
 
 
+def test_a_model_name_first_as_vllm_takes_it():
+    assert LLM("tiny", max_model_len=64).config == EngineConfig(model="tiny", max_model_len=64)
+    with pytest.raises(ConfigError, match="model given twice: 'tiny' and model='smollm2-135m'"):
+        LLM("tiny", model="smollm2-135m")
+    with pytest.raises(ConfigError, match="config=42 is not allowed: pass an EngineConfig, a model name"):
+        LLM(42)
+
+
 def test_unknown_model_lists_known_names():
     with pytest.raises(ValueError) as err:
         LLM(EngineConfig(model="gpt-9"))

@@ -1,4 +1,5 @@
 """The model registry and loaders: built-in names, local checkpoints, errors, and the default model."""
+import json
 import subprocess
 import sys
 import types
@@ -13,7 +14,7 @@ from transformers import GPT2Config, LlamaConfig, MistralConfig
 from minibatch.engine.models import (KNOWN_MODELS, ModelShape, load_hf, load_model, load_model_spec, prepare_default_model,
                                      rope_theta)
 from minibatch.engine.models.llama import LlamaModel
-from minibatch.engine.models import smollm2
+from minibatch.engine.models import loader, smollm2
 from minibatch.engine.models.tiny import random_llama, tiny_tokenizer
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -139,10 +140,50 @@ def test_an_engine_on_a_folder_never_imports_transformers_modelling_code(tmp_pat
               "from minibatch import LLM, EngineConfig, SamplingParams\n"
               f"llm = LLM(EngineConfig(model={str(tmp_path)!r}, max_model_len=64))\n"
               "llm.generate(['hi'], SamplingParams(max_new_tokens=2), use_tqdm=False)\n"
-              "print(sorted(m for m in sys.modules if m.startswith('transformers.modeling_utils')))\n")
+              "slow = ('transformers.modeling_utils', 'transformers.activations', 'transformers.models.auto')\n"
+              "print(sorted(m for m in sys.modules if m.startswith(slow)))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("source", ["smollm2-135m", "gqa-folder"])
+def test_a_config_read_as_written_is_what_transformers_reads(source, tmp_path):
+    """A local Llama's config.json is read without transformers' Llama code: the engine sees the same fields."""
+    from transformers import AutoConfig
+    if source == "gqa-folder":
+        random_llama(_gqa_untied_config(), seed=7).save_pretrained(tmp_path)
+        source = str(tmp_path)
+    folder = str(prepare_default_model()) if source == "smollm2-135m" else source
+    read, reference = load_model_spec(source).config, AutoConfig.from_pretrained(folder)
+    assert type(read).__name__ != type(reference).__name__ == "LlamaConfig"   # the fast path was taken
+    assert vars(ModelShape(read)) == vars(ModelShape(reference))
+    for field in loader.ENGINE_CONFIG_FIELDS + ("head_dim", "eos_token_id", "pad_token_id"):
+        assert getattr(read, field) == getattr(reference, field), field
+    assert rope_theta(read) == rope_theta(reference)
+
+
+def test_a_config_without_every_field_gets_transformers_defaults(tmp_path):
+    """A config.json that leaves a field to its default (here num_key_value_heads) is read by transformers."""
+    random_llama(_gqa_untied_config(), seed=7).save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    del written["num_key_value_heads"]
+    (tmp_path / "config.json").write_text(json.dumps(written))
+    config = load_model(str(tmp_path)).config
+    assert type(config).__name__ == "LlamaConfig" and config.num_key_value_heads == config.num_attention_heads
+
+
+def test_a_tokenizer_json_is_read_as_autotokenizer_reads_it():
+    from transformers import AutoTokenizer
+    folder = str(prepare_default_model())
+    fast, auto = load_model_spec("smollm2-135m").tokenizer, AutoTokenizer.from_pretrained(folder)
+    assert type(fast) is type(auto)
+    for text in ["Hello world", " leading space, émigré 日本語\n\ttabs", "<|im_start|>user\nhi<|im_end|>"]:
+        assert fast(text).input_ids == auto(text).input_ids
+    assert fast.apply_chat_template(CHAT, add_generation_prompt=True) == auto.apply_chat_template(
+        CHAT, add_generation_prompt=True)
+    assert (fast.eos_token_id, fast.pad_token_id, fast.bos_token_id) == (auto.eos_token_id, auto.pad_token_id,
+                                                                        auto.bos_token_id)
 
 
 @pytest.mark.parametrize("source", ["tiny", "smollm2-135m", "smollm2-360m-random", "gqa-folder"])

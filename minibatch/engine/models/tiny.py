@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
-if TYPE_CHECKING:   # the modelling code takes seconds to import: only random_llama needs it, and imports it
-    from transformers import PreTrainedModel
+if TYPE_CHECKING:   # the Llama code takes seconds to import: the functions that need it import it
+    from transformers import LlamaConfig, PreTrainedModel
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 CHAT_TEMPLATE = (  # ChatML, the format SmolLM2 uses
@@ -51,6 +51,7 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 def tiny_config() -> LlamaConfig:
     """A 4-layer Llama with grouped-query attention (4 query heads share 2 KV heads)."""
+    from transformers import LlamaConfig
     return LlamaConfig(
         vocab_size=len(SPECIAL_TOKENS) + 256,  # 259: the byte-level tokenizer above
         hidden_size=128,  # model width
@@ -81,6 +82,7 @@ def smollm2_shaped_config(size: str) -> LlamaConfig:
     if size not in shapes:
         raise ValueError(f"size={size!r} is not a SmolLM2 shape; allowed: {sorted(shapes)}")
     hidden, layers, heads, kv_heads, inter, theta = shapes[size]
+    from transformers import LlamaConfig
     return LlamaConfig(
         vocab_size=49152,  # SmolLM2's tokenizer
         hidden_size=hidden,
