@@ -58,3 +58,18 @@ def test_a_profiled_engine_runs_the_parts_it_times():
     llm.generate(["hello"], SamplingParams(max_new_tokens=3), use_tqdm=False)
     record = llm.engine.step_records[-1]
     assert record.phase_times["mlp"] > 0 and record.phase_times["attention"] > 0
+
+
+def test_a_changed_kernel_file_drops_the_cached_layer(tmp_path, monkeypatch):
+    """Numba checks a cached function against its own file only; the layer compiles other files' kernels in."""
+    flushed = []
+    cache = type("Cache", (), {"cache_path": str(tmp_path / "cache"), "flush": lambda self: flushed.append(1)})()
+    monkeypatch.setattr(layer_cpu._layer, "_cache", cache)
+    layer_cpu.forget_stale_layer()                         # no stamp yet: compiled afresh, stamp written
+    stamp = tmp_path / "cache" / "layer_cpu.callees.sha256"
+    assert flushed == [1] and stamp.read_text() == layer_cpu.callees_digest()
+    layer_cpu.forget_stale_layer()                         # nothing changed: the cached code stands
+    assert flushed == [1]
+    stamp.write_text("a digest of kernel files as they were before an edit")
+    layer_cpu.forget_stale_layer()
+    assert flushed == [1, 1] and stamp.read_text() == layer_cpu.callees_digest()

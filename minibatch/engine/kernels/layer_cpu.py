@@ -18,15 +18,20 @@ times the parts. Torch operators per decode step of one sequence: 3622 part by p
 
 Measured on a 2-core AVX2 CPU (SmolLM2-135M, 2 threads, decode-step medians of 5 interleaved rounds):
 40.5 against 50.1 ms at batch 1, 51.8 against 62.0 at batch 4, 76.8 against 79.6 at batch 8, the
-same tokens. Compiled code is cached on disk (`cache=True`).
+same tokens. Compiled code is cached on disk (`cache=True`). Numba checks a cached function against
+its own file only, so `_layer`, which compiles the other kernels into itself, is compiled again
+when one of their files changes (`forget_stale_layer`).
 """
 from __future__ import annotations
+
+import hashlib
+import pathlib
 
 import numpy as np
 import torch
 from numba import njit, prange
 
-from minibatch.engine.kernels import numba_cpu
+from minibatch.engine.kernels import fused_cpu, gemv_cpu, numba_cpu
 from minibatch.engine.kernels.fused_cpu import _kept_view, _rms_norm, _rotary_write_kv
 from minibatch.engine.kernels.gemv_cpu import _stream
 from minibatch.engine.kernels.numba_cpu import _paged_attention
@@ -66,6 +71,34 @@ def _layer(x, attn_norm, qkv_weight, o_weight, mlp_norm, gate_up_weight, down_we
     out = np.empty_like(x)                                                        # (T, C)
     _stream(act, down_weight, x1, True, out)
     return out
+
+
+CALLEES = (fused_cpu, gemv_cpu, numba_cpu)   # the modules whose kernels `_layer` compiles into itself
+
+
+def callees_digest() -> str:
+    """A digest of the source files of the kernels `_layer` calls."""
+    return hashlib.sha256(b"".join(pathlib.Path(m.__file__).read_bytes() for m in CALLEES)).hexdigest()
+
+
+def forget_stale_layer() -> None:
+    """Drop `_layer`'s cached machine code if a kernel it calls has changed since it was compiled."""
+    stamp = pathlib.Path(_layer._cache.cache_path) / "layer_cpu.callees.sha256"   # beside Numba's cache files
+    digest = callees_digest()
+    try:
+        if stamp.read_text() == digest:
+            return
+    except OSError:                                                              # no stamp yet
+        pass
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        _layer._cache.flush()                                                    # an empty index: compiled afresh
+        stamp.write_text(digest)
+    except OSError:                                                              # a read-only cache: Numba copes
+        pass
+
+
+forget_stale_layer()
 
 
 def applies(layers: list[dict], rows: int, backend) -> bool:
