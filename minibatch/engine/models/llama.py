@@ -106,12 +106,12 @@ class LlamaModel(ModelShape):
         if self.whole_layers and layer_cpu.applies(layers, x.shape[0], backend):   # see kernels/layer_cpu.py
             x = layer_cpu.run_layers(x, layers, kv_cache, rotary, slot_mapping, meta, self.eps, self.scale,
                                      self.num_heads)
-            return self.lm_head_logits(self.norm(x[logits_rows], self.final_norm))  # (S, V)
-        for layer, k_cache, v_cache in zip(layers, kv_cache.k, kv_cache.v):
-            h = self.norm(x, layer["attn_norm"])
-            x = self.attention(h, x, layer, rotary, k_cache, v_cache, slot_mapping, meta, backend)
-            h = self.norm(x, layer["mlp_norm"])
-            x = self.mlp(h, x, layer)
+        else:
+            for layer, k_cache, v_cache in zip(layers, kv_cache.k, kv_cache.v):
+                h = self.norm(x, layer["attn_norm"])
+                x = self.attention(h, x, layer, rotary, k_cache, v_cache, slot_mapping, meta, backend)
+                h = self.norm(x, layer["mlp_norm"])
+                x = self.mlp(h, x, layer)
         return self.lm_head_logits(self.norm(x[logits_rows], self.final_norm))  # (S, V)
 
     # The kinds of work in a forward pass, one method each, so the step profiler can time them.

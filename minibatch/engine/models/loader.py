@@ -167,10 +167,13 @@ def load_hf(name: str, dtype: torch.dtype = torch.float32):
 
     Its generation_config stops at the same eos_token_ids as LoadedModel, so generate() is a fair reference.
     """
+    _check_dtype(dtype)
+    return _transformers_model(_find(name), dtype)
+
+
+def _transformers_model(found: _Found, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM   # the modelling code: seconds to import, so only when needed
 
-    _check_dtype(dtype)
-    found = _find(name)
     if found.weights is None:
         model = random_llama(found.config, dtype=dtype)
     else:
@@ -189,7 +192,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
     state_dict = _read_checkpoint(found.weights, found.config, dtype)
     if state_dict is not None:
         return LoadedModel(str(name), found.config, state_dict, found.tokenizer, _stop_tokens(found))
-    model, tokenizer = load_hf(name, dtype)
+    model, tokenizer = _transformers_model(found, dtype)
     state_dict = model.state_dict()  # detached tensors that share the model's storage
     _check_weight_names(state_dict, model.config, name)
     return LoadedModel(str(name), model.config, dict(state_dict), tokenizer, model.generation_config.eos_token_id)
