@@ -1,5 +1,6 @@
 """A decode step's layers as whole compiled calls compute what the layer run part by part computes."""
 import numpy as np
+import pytest
 import torch
 
 from minibatch import LLM, EngineConfig, SamplingParams
@@ -9,7 +10,7 @@ PROMPTS = ["The cat sat on", "Once upon a time, in a land far away,", "1, 2, 3,"
 
 
 def _engine(whole_layers: bool, **config):
-    llm = LLM(EngineConfig(model="tiny", max_batch_size=8, max_model_len=128, **config))
+    llm = LLM(EngineConfig(**{"model": "tiny", "max_batch_size": 8, "max_model_len": 128, **config}))
     llm.engine.model.whole_layers = whole_layers
     return llm
 
@@ -21,17 +22,31 @@ def _steps_through_whole_layers(llm, monkeypatch) -> list[int]:
     return rows
 
 
-def test_greedy_tokens_and_log_probabilities_equal_the_part_by_part_layers(monkeypatch):
-    params = SamplingParams(max_new_tokens=12, ignore_eos=True, logprobs=3)
-    whole, parts = _engine(True), _engine(False)
+def _same_tokens_and_log_probabilities(whole, parts, monkeypatch, prompts=PROMPTS, tokens=12) -> list[int]:
+    """Generate with both engines; return the row counts of the forwards that ran the compiled layers."""
+    params = SamplingParams(max_new_tokens=tokens, ignore_eos=True, logprobs=3)
     rows = _steps_through_whole_layers(whole, monkeypatch)
-    fast, slow = whole.generate(PROMPTS, params, use_tqdm=False), parts.generate(PROMPTS, params, use_tqdm=False)
-    assert rows and set(rows) <= {1, 2, 3, 4}                     # the decode steps took it; the prefill did not
+    fast, slow = whole.generate(prompts, params, use_tqdm=False), parts.generate(prompts, params, use_tqdm=False)
     for a, b in zip(fast, slow):
         assert a.token_ids == b.token_ids
         for got, want in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):   # {token: logprob}: top tokens, each step
             assert got.keys() == want.keys()
             assert np.allclose(list(got.values()), list(want.values()), atol=1e-4)
+    return rows
+
+
+def test_greedy_tokens_and_log_probabilities_equal_the_part_by_part_layers(monkeypatch):
+    rows = _same_tokens_and_log_probabilities(_engine(True), _engine(False), monkeypatch)
+    assert rows and set(rows) <= {1, 2, 3, 4}                     # the decode steps took it; the prefill did not
+
+
+@pytest.mark.parametrize("model,quantization", [("tiny", "q8_0"), ("smollm2-135m", "q4_1")])
+def test_quantized_layers_compute_what_their_parts_compute(model, quantization, monkeypatch):
+    """q8_0 and q4_1 blocks run through the same compiled layer, with their own products."""
+    whole, parts = (_engine(flag, model=model, quantization=quantization) for flag in (True, False))
+    assert whole.engine.model.layers[0]["qkv"].path == f"{quantization}-numba"
+    rows = _same_tokens_and_log_probabilities(whole, parts, monkeypatch, PROMPTS[:2], tokens=8)
+    assert rows and set(rows) <= {1, 2}
 
 
 def test_silu_times_up_matches_torch():
@@ -42,13 +57,15 @@ def test_silu_times_up_matches_torch():
     torch.testing.assert_close(torch.from_numpy(out), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
 
 
-def test_only_float32_streamed_steps_with_the_numba_backend_take_it():
+def test_only_decode_steps_with_the_numba_backend_and_compiled_products_take_it():
     model = _engine(True).engine.model
     assert layer_cpu.applies(model.layers, 1, numba_cpu) and layer_cpu.applies(model.layers, 12, numba_cpu)
     assert not layer_cpu.applies(model.layers, 13, numba_cpu)      # a prefill chunk: oneDNN's products
     assert not layer_cpu.applies(model.layers, 0, numba_cpu)
     assert not layer_cpu.applies(model.layers, 1, torch_ref)        # another attention backend
-    quantized = _engine(True, quantization="q8_0").engine.model
+    quantized = _engine(True, quantization="q8_0").engine.model     # blocks, through the quantised kernels
+    assert layer_cpu.applies(quantized.layers, 1, numba_cpu) and not layer_cpu.applies(quantized.layers, 13, numba_cpu)
+    quantized.layers[0]["o"].kernel = "torch"                      # a product the compiled layer cannot run
     assert not layer_cpu.applies(quantized.layers, 1, numba_cpu)
 
 

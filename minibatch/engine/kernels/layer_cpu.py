@@ -11,16 +11,21 @@ at batch 1, a fifth of a decode step spent between the kernels. Here the layer i
 which runs the same compiled kernels (`fused_cpu`, `gemv_cpu`, `numba_cpu`) in the same order,
 on numpy arrays that stay numpy from the first layer to the last. Only SwiGLU is new here:
 silu(gate) * up = gate / (1 + exp(-gate)) * up, one loop, its rows split over the threads. It
-applies to float32 decode steps on a CPU with the Numba attention backend, whose products all take
-the streamed loop (up to `gemv_cpu.STREAM_ROWS` rows); any other step runs the layer part by part
+applies to decode steps on a CPU with the Numba attention backend, up to `gemv_cpu.STREAM_ROWS`
+rows, whose products the layer can run: float32 weights through the streamed loop, or q8_0 and
+q4_1 blocks through `quantized_numba`'s kernels (`_product` picks one by the weight's format when
+the layer is compiled, so each format has its own machine code); any other step runs the layer part by part
 (`LlamaModel.forward`), and so does a step profiled with `EngineConfig(profile_steps=True)`, which
 times the parts. Torch operators per decode step of one sequence: 3622 part by part, 57 this way.
 
 Measured on a 2-core AVX2 CPU (SmolLM2-135M, 2 threads, decode-step medians of 5 interleaved rounds):
 40.5 against 50.1 ms at batch 1, 51.8 against 62.0 at batch 4, 76.8 against 79.6 at batch 8, the
-same tokens. Compiled code is cached on disk (`cache=True`). Numba checks a cached function against
-its own file only, so `_layer`, which compiles the other kernels into itself, is compiled again
-when one of their files changes (`forget_stale_layer`).
+same tokens; with the shipped GGUF's q4_1 blocks 0.86-0.89x at batch 1 and 0.83-0.84x at batch 4
+(two runs), with q8_0 blocks 0.76x at batch 1 and 0.93x at batch 4.
+
+Compiled code is cached on disk (`cache=True`). Numba checks a cached function against its own
+file only, so `_layer`, which compiles the other kernels into itself, is compiled again when one
+of their files changes (`forget_stale_layer`).
 """
 from __future__ import annotations
 
@@ -30,12 +35,34 @@ import pathlib
 import numpy as np
 import torch
 from numba import njit, prange
+from numba.extending import overload
 
-from minibatch.engine.kernels import fused_cpu, gemv_cpu, numba_cpu
+from minibatch.engine.kernels import fused_cpu, gemv_cpu, numba_cpu, quantized_numba
 from minibatch.engine.kernels.fused_cpu import _kept_view, _rms_norm, _rotary_write_kv
 from minibatch.engine.kernels.gemv_cpu import _stream
 from minibatch.engine.kernels.numba_cpu import _paged_attention
-from minibatch.engine.models.linear import Linear
+from minibatch.engine.kernels.quantized_numba import _q4_1_into, _q8_0_into
+
+PRODUCTS = ("qkv", "o", "gate_up", "down")     # a layer's products, each a Linear or a QuantizedLinear
+
+
+def _product(x, weight, residual, add_residual, out):
+    """out (T, N) = x (T, K) times the weight (+ residual): `weight` is the tuple a product's
+    `layer_operands` gives, (plain,), (codes, scales, block) or (codes, scales, mins, block)."""
+
+
+@overload(_product, inline="always")
+def _product_for(x, weight, residual, add_residual, out):
+    """The compiled product for the weight's format, chosen when the layer is compiled."""
+    if len(weight) == 1:                                   # float32, streamed (gemv_cpu)
+        return lambda x, weight, residual, add_residual, out: _stream(x, weight[0], residual, add_residual, out)
+    if len(weight) == 3:                                   # q8_0 blocks (quantized_numba)
+        return lambda x, weight, residual, add_residual, out: _q8_0_into(
+            x, weight[0], weight[1], weight[2], residual, add_residual, out)
+    if len(weight) == 4:                                   # q4_1 blocks (quantized_numba)
+        return lambda x, weight, residual, add_residual, out: _q4_1_into(
+            x, weight[0], weight[1], weight[2], weight[3], residual, add_residual, out)
+    return None
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -55,25 +82,25 @@ def _layer(x, attn_norm, qkv_weight, o_weight, mlp_norm, gate_up_weight, down_we
     head_dim = k_cache.shape[3]                            # caches: (N, bs, Hkv, D)
     h = np.empty_like(x)                                   # (T, C) normed rows
     _rms_norm(x, attn_norm, eps, h)
-    qkv = np.empty((rows, qkv_weight.shape[0]), np.float32)                       # (T, (Hq + 2 Hkv) D)
-    _stream(h, qkv_weight, qkv, False, qkv)
+    qkv = np.empty((rows, qkv_weight[0].shape[0]), np.float32)                    # (T, (Hq + 2 Hkv) D)
+    _product(h, qkv_weight, qkv, False, qkv)
     q = np.empty((rows, num_heads, head_dim), np.float32)                         # (T, Hq, D)
     _rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_mapping, q)
     attn = np.empty_like(q)                                                       # (T, Hq, D)
     _paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, attn)
     x1 = np.empty_like(x)                                                         # (T, C)
-    _stream(attn.reshape(rows, num_heads * head_dim), o_weight, x, True, x1)
+    _product(attn.reshape(rows, num_heads * head_dim), o_weight, x, True, x1)
     _rms_norm(x1, mlp_norm, eps, h)
-    gate_up = np.empty((rows, gate_up_weight.shape[0]), np.float32)               # (T, 2 I)
-    _stream(h, gate_up_weight, gate_up, False, gate_up)
-    act = np.empty((rows, gate_up_weight.shape[0] // 2), np.float32)              # (T, I)
+    gate_up = np.empty((rows, gate_up_weight[0].shape[0]), np.float32)            # (T, 2 I)
+    _product(h, gate_up_weight, gate_up, False, gate_up)
+    act = np.empty((rows, gate_up_weight[0].shape[0] // 2), np.float32)           # (T, I)
     _silu_mul(gate_up, act)
     out = np.empty_like(x)                                                        # (T, C)
-    _stream(act, down_weight, x1, True, out)
+    _product(act, down_weight, x1, True, out)
     return out
 
 
-CALLEES = (fused_cpu, gemv_cpu, numba_cpu)   # the modules whose kernels `_layer` compiles into itself
+CALLEES = (fused_cpu, gemv_cpu, numba_cpu, quantized_numba)   # the modules whose kernels `_layer` compiles into itself
 
 
 def callees_digest() -> str:
@@ -103,10 +130,9 @@ forget_stale_layer()
 
 def applies(layers: list[dict], rows: int, backend) -> bool:
     """Whether a step of `rows` tokens can run its layers as whole compiled calls: the Numba attention
-    backend and float32 weights that stream that many rows."""
+    backend, and products the compiled layer can run at that many rows (`layer_operands`)."""
     return (getattr(backend, "__name__", None) == numba_cpu.__name__ and rows > 0 and all(
-        isinstance(layer[n], Linear) and 0 < rows <= layer[n].stream_rows
-        for layer in layers for n in ("qkv", "o", "gate_up", "down")))
+        getattr(layer[n], "layer_operands", lambda rows: None)(rows) is not None for layer in layers for n in PRODUCTS))
 
 
 def run_layers(x: torch.Tensor, layers: list[dict], kv_cache, rotary, slot_mapping, meta, eps: float, scale: float,
@@ -119,9 +145,10 @@ def run_layers(x: torch.Tensor, layers: list[dict], kv_cache, rotary, slot_mappi
     positions, cos, signed_sin = (_kept_view(t) for t in rotary)
     step = (_kept_view(slot_mapping), meta.block_tables_np, meta.query_start_loc_np, meta.context_lens_np)
     hidden = x.contiguous().numpy()
+    rows = x.shape[0]
     for layer, k_cache, v_cache in zip(layers, kv_cache.k, kv_cache.v):
-        hidden = _layer(hidden, _kept_view(layer["attn_norm"]), layer["qkv"].streamed, layer["o"].streamed,
-                        _kept_view(layer["mlp_norm"]), layer["gate_up"].streamed, layer["down"].streamed,
+        qkv, o, gate_up, down = (layer[n].layer_operands(rows) for n in PRODUCTS)
+        hidden = _layer(hidden, _kept_view(layer["attn_norm"]), qkv, o, _kept_view(layer["mlp_norm"]), gate_up, down,
                         np.float32(eps), num_heads, positions, cos, signed_sin, _kept_view(k_cache),
                         _kept_view(v_cache), *step, float(scale))
     return torch.from_numpy(hidden)

@@ -7,8 +7,10 @@ and multiplies them into every one of the T rows of the batch before moving on t
 A step of 8 sequences therefore reads the same bytes from memory as a step of 1.
 
 Work is split over chunks of output rows with `prange` (each thread owns whole rows, so no two
-threads write the same output). Scales and minimums are fp16, which Numba cannot load, so a row's
-fp16 bits are turned into fp32 first (`_halves_to_float`: exact, subnormals included).
+threads write the same output); `_q8_0_into` and `_q4_1_into` write into a given output, adding
+a residual if asked, as the compiled decode layer (`layer_cpu`) calls them. Scales and minimums
+are fp16, which Numba cannot load, so a row's fp16 bits are turned into fp32 first
+(`_halves_to_float`: exact, subnormals included).
 `fastmath=True` lets the compiler reorder the sums into SIMD lanes (and fuse d * q + m into one
 instruction), so results match the reference to rounding, not bit for bit. The block length is
 passed in rather than written as the constant 32: a loop of unknown length gets vectorised, while
@@ -91,10 +93,9 @@ def _expand_q4_1(codes, d, m, block, w):
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _q8_0_matmul(x, codes, scales, block):
+def _q8_0_into(x, codes, scales, block, residual, add_residual, out):
     num_out = codes.shape[0]                                  # x (T, K); codes (N, K) int8
-    num_blocks = scales.shape[1]                              # scales (N, K/32) uint16
-    out = np.empty((x.shape[0], num_out), np.float32)         # (T, N)
+    num_blocks = scales.shape[1]                              # scales (N, K/32) uint16; residual, out (T, N)
     for task in prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         bits = np.empty(num_blocks, np.uint32)                # a thread's scratch, reused for its rows
         d = np.empty(num_blocks, np.float32)
@@ -103,14 +104,22 @@ def _q8_0_matmul(x, codes, scales, block):
             _halves_to_float(scales[n], bits, d)
             _expand_q8_0(codes[n], d, block, w)
             _products(w, x, n, out)                           # every row of x reuses the expanded weights
+            if add_residual:
+                for t in range(x.shape[0]):
+                    out[t, n] += residual[t, n]
+
+
+@njit(nogil=True, cache=True)
+def _q8_0_matmul(x, codes, scales, block):
+    out = np.empty((x.shape[0], codes.shape[0]), np.float32)  # (T, N)
+    _q8_0_into(x, codes, scales, block, out, False, out)
     return out
 
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
-def _q4_1_matmul(x, codes, scales, mins, block):
+def _q4_1_into(x, codes, scales, mins, block, residual, add_residual, out):
     num_out = codes.shape[0]                                  # x (T, K); codes (N, K/2) uint8
-    num_blocks = scales.shape[1]                              # scales, mins (N, K/32) uint16
-    out = np.empty((x.shape[0], num_out), np.float32)         # (T, N)
+    num_blocks = scales.shape[1]                              # scales, mins (N, K/32) uint16; residual, out (T, N)
     for task in prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         bits = np.empty(num_blocks, np.uint32)                # a thread's scratch, reused for its rows
         d = np.empty(num_blocks, np.float32)
@@ -121,6 +130,15 @@ def _q4_1_matmul(x, codes, scales, mins, block):
             _halves_to_float(mins[n], bits, m)
             _expand_q4_1(codes[n], d, m, block, w)
             _products(w, x, n, out)                           # every row of x reuses the expanded weights
+            if add_residual:
+                for t in range(x.shape[0]):
+                    out[t, n] += residual[t, n]
+
+
+@njit(nogil=True, cache=True)
+def _q4_1_matmul(x, codes, scales, mins, block):
+    out = np.empty((x.shape[0], codes.shape[0]), np.float32)  # (T, N)
+    _q4_1_into(x, codes, scales, mins, block, out, False, out)
     return out
 
 

@@ -109,6 +109,11 @@ class Linear:
             return torch.ops.mkldnn._linear_pointwise(x, residual, self.weight, None, "add")
         return residual + self(x)
 
+    def layer_operands(self, rows: int) -> tuple | None:
+        """What the compiled decode layer (`kernels.layer_cpu`) multiplies by at `rows` rows: the plain
+        weight, where the streamed loop runs that many rows; None elsewhere."""
+        return (self.streamed,) if 0 < rows <= self.stream_rows else None
+
     def numel(self) -> int:
         """Number of weights, N x K (whatever layout the packed copy has)."""
         return self.shape.numel()

@@ -11,7 +11,8 @@ each a `Linear` that stores its weight the way this machine multiplies fastest
 (`minibatch.engine.models.linear`: prepacked for oneDNN on CPU), or with `quantization` set a
 `QuantizedLinear` over blocks of 8 or 4 bits (`minibatch.engine.models.weights`). In float32 on a
 CPU the small parts run as compiled loops (`kernels.fused_cpu`), and a decode step runs each layer
-as one compiled call of the same kernels (`kernels.layer_cpu`), with no Python between its parts.
+as one compiled call of the same kernels (`kernels.layer_cpu`), with no Python between its parts,
+whether its weights are float32 or blocks.
 """
 from __future__ import annotations
 

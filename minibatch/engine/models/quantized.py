@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from minibatch.engine.kernels import quantized_numba, quantized_torch
+from minibatch.engine.kernels.gemv_cpu import STREAM_ROWS
 from minibatch.engine.kernels.quantized_torch import BLOCK
 
 BLOCK_BYTES = {"q8_0": 2 + BLOCK, "q4_1": 2 + 2 + BLOCK // 2}  # bytes per block of 32 weights
@@ -122,6 +123,13 @@ class QuantizedLinear:
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual (T, N) + x (T, K) times the weight."""
         return residual + self(x)
+
+    def layer_operands(self, rows: int) -> tuple | None:
+        """What the compiled decode layer (`kernels.layer_cpu`) multiplies by at `rows` rows (a decode
+        step's, up to STREAM_ROWS): the blocks and their length, for the Numba kernels; None elsewhere."""
+        if self.kernel != "numba" or not 0 < rows <= STREAM_ROWS:
+            return None
+        return (*self.blocks, quantized_numba.BLOCK)
 
     def numel(self) -> int:
         """Number of weights, N x K."""
