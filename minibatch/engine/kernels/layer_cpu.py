@@ -48,7 +48,8 @@ PRODUCTS = ("qkv", "o", "gate_up", "down")     # a layer's products, each a Line
 
 def _product(x, weight, residual, add_residual, out):
     """out (T, N) = x (T, K) times the weight (+ residual): `weight` is the tuple a product's
-    `layer_operands` gives, (plain,), (codes, scales, block) or (codes, scales, mins, block)."""
+    `layer_operands` gives: (plain,); for q8_0 (codes, scales, block, grouped, group_scales); for q4_1
+    (codes, scales, mins, block, grouped, group_scales, group_mins)."""
 
 
 @overload(_product, inline="always")
@@ -56,12 +57,12 @@ def _product_for(x, weight, residual, add_residual, out):
     """The compiled product for the weight's format, chosen when the layer is compiled."""
     if len(weight) == 1:                                   # float32, streamed (gemv_cpu)
         return lambda x, weight, residual, add_residual, out: _stream(x, weight[0], residual, add_residual, out)
-    if len(weight) == 3:                                   # q8_0 blocks (quantized_numba)
+    if len(weight) == 5:                                   # q8_0 blocks, both layouts (quantized_numba)
         return lambda x, weight, residual, add_residual, out: _q8_0_into(
-            x, weight[0], weight[1], weight[2], residual, add_residual, out)
-    if len(weight) == 4:                                   # q4_1 blocks (quantized_numba)
+            x, weight[0], weight[1], weight[2], weight[3], weight[4], residual, add_residual, out)
+    if len(weight) == 7:                                   # q4_1 blocks, both layouts (quantized_numba)
         return lambda x, weight, residual, add_residual, out: _q4_1_into(
-            x, weight[0], weight[1], weight[2], weight[3], residual, add_residual, out)
+            x, weight[0], weight[1], weight[2], weight[3], weight[4], weight[5], weight[6], residual, add_residual, out)
     return None
 
 
@@ -128,26 +129,38 @@ def forget_stale_layer() -> None:
 forget_stale_layer()
 
 
+def operands(layers: list[dict], rows: int, backend) -> list[tuple] | None:
+    """What `run_layers` multiplies by in a step of `rows` tokens: for each layer, its four products'
+    `layer_operands`; None where the layers cannot run as whole compiled calls (another attention
+    backend than Numba's, or a product the compiled layer cannot run at that many rows)."""
+    if getattr(backend, "__name__", None) != numba_cpu.__name__ or rows <= 0:
+        return None
+    found = []
+    for layer in layers:
+        products = tuple(getattr(layer[n], "layer_operands", lambda rows: None)(rows) for n in PRODUCTS)
+        if any(p is None for p in products):
+            return None
+        found.append(products)
+    return found
+
+
 def applies(layers: list[dict], rows: int, backend) -> bool:
-    """Whether a step of `rows` tokens can run its layers as whole compiled calls: the Numba attention
-    backend, and products the compiled layer can run at that many rows (`layer_operands`)."""
-    return (getattr(backend, "__name__", None) == numba_cpu.__name__ and rows > 0 and all(
-        getattr(layer[n], "layer_operands", lambda rows: None)(rows) is not None for layer in layers for n in PRODUCTS))
+    """Whether a step of `rows` tokens can run its layers as whole compiled calls (see `operands`)."""
+    return operands(layers, rows, backend) is not None
 
 
-def run_layers(x: torch.Tensor, layers: list[dict], kv_cache, rotary, slot_mapping, meta, eps: float, scale: float,
-               num_heads: int) -> torch.Tensor:
+def run_layers(x: torch.Tensor, layers: list[dict], products: list[tuple], kv_cache, rotary, slot_mapping, meta,
+               eps: float, scale: float, num_heads: int) -> torch.Tensor:
     """x (T, C) through `layers` (LlamaModel's dicts), one compiled call each; returns (T, C).
 
-    rotary: (positions (T,), cos (P, D), signed_sin (P, D)); kv_cache: its k and v lists, one per layer.
+    products: `operands(layers, T, backend)`; rotary: (positions (T,), cos (P, D), signed_sin (P, D));
+    kv_cache: its k and v lists, one per layer.
     """
     numba_cpu.check_metadata(meta, kv_cache.k[0])          # the kernels do not check bounds: the metadata is checked
     positions, cos, signed_sin = (_kept_view(t) for t in rotary)
     step = (_kept_view(slot_mapping), meta.block_tables_np, meta.query_start_loc_np, meta.context_lens_np)
     hidden = x.contiguous().numpy()
-    rows = x.shape[0]
-    for layer, k_cache, v_cache in zip(layers, kv_cache.k, kv_cache.v):
-        qkv, o, gate_up, down = (layer[n].layer_operands(rows) for n in PRODUCTS)
+    for layer, (qkv, o, gate_up, down), k_cache, v_cache in zip(layers, products, kv_cache.k, kv_cache.v):
         hidden = _layer(hidden, _kept_view(layer["attn_norm"]), qkv, o, _kept_view(layer["mlp_norm"]), gate_up, down,
                         np.float32(eps), num_heads, positions, cos, signed_sin, _kept_view(k_cache),
                         _kept_view(v_cache), *step, float(scale))

@@ -70,6 +70,7 @@ class LlamaModel(ModelShape):
             })
         self.fused = fused_cpu.supports(self.embed)  # float32 on CPU: the small parts run as compiled loops
         self.whole_layers = self.fused               # ...and a decode step's layers as one compiled call each
+        self._compiled_operands = {}                 # (layers, rows, backend) -> layer_cpu.operands
         # Rotary tables, computed in fp32 like transformers, then cast.
         inv_freq = 1.0 / (rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # (P, D/2)
@@ -104,8 +105,9 @@ class LlamaModel(ModelShape):
         """
         x, rotary = self.embed_inputs(input_ids, positions)                # (T, C), see embed_inputs
         layers = self.layers[:num_layers]
-        if self.whole_layers and layer_cpu.applies(layers, x.shape[0], backend):   # see kernels/layer_cpu.py
-            x = layer_cpu.run_layers(x, layers, kv_cache, rotary, slot_mapping, meta, self.eps, self.scale,
+        products = self.compiled_operands(len(layers), x.shape[0], backend) if self.whole_layers else None
+        if products is not None:                                            # see kernels/layer_cpu.py
+            x = layer_cpu.run_layers(x, layers, products, kv_cache, rotary, slot_mapping, meta, self.eps, self.scale,
                                      self.num_heads)
         else:
             for layer, k_cache, v_cache in zip(layers, kv_cache.k, kv_cache.v):
@@ -114,6 +116,14 @@ class LlamaModel(ModelShape):
                 h = self.norm(x, layer["mlp_norm"])
                 x = self.mlp(h, x, layer)
         return self.lm_head_logits(self.norm(x[logits_rows], self.final_norm))  # (S, V)
+
+    def compiled_operands(self, num_layers: int, rows: int, backend) -> list[tuple] | None:
+        """`layer_cpu.operands` of the first num_layers layers, asked once per step shape (the products do not
+        change after the model is built; asking 120 of them each step cost a decode step a few percent)."""
+        key = (num_layers, rows, getattr(backend, "__name__", None))
+        if key not in self._compiled_operands:
+            self._compiled_operands[key] = layer_cpu.operands(self.layers[:num_layers], rows, backend)
+        return self._compiled_operands[key]
 
     # The kinds of work in a forward pass, one method each, so the step profiler can time them.
     def embed_inputs(self, input_ids, positions):

@@ -129,7 +129,8 @@ class QuantizedLinear:
         step's, up to STREAM_ROWS): the blocks and their length, for the Numba kernels; None elsewhere."""
         if self.kernel != "numba" or not 0 < rows <= STREAM_ROWS:
             return None
-        return (*self.blocks, quantized_numba.BLOCK)
+        plain = 2 if self.weight.mins is None else 3                        # codes, scales[, mins]: row by row
+        return (*self.blocks[:plain], quantized_numba.BLOCK, *self.blocks[plain:])   # then the row groups
 
     def numel(self) -> int:
         """Number of weights, N x K."""
