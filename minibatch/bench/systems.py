@@ -20,6 +20,7 @@ import torch
 
 from minibatch.bench.check import BF16_TIE_TOLERANCE
 from minibatch.config import EngineConfig, SamplingParams
+from minibatch.engine.kernels.gemv_cpu import STREAM_ROWS
 from minibatch.engine.kv import blocks_for
 from minibatch.llm import LLM
 from minibatch.analysis.metrics import RunReport
@@ -121,9 +122,10 @@ class Minibatch(System):
 
     def prepare(self, batch_size: int, max_len: int) -> None:
         self.release()
-        self.llm = LLM(self.config(batch_size, max(max_len, 8)))
+        self.llm = LLM(self.config(batch_size, max(max_len, STREAM_ROWS + 9)))
         self.decode_bytes = getattr(self.llm.engine.model, "decode_weight_bytes", lambda: None)()
-        self.llm.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
+        warm_up = list(range(1, STREAM_ROWS + 5))   # longer than the compiled decode layer takes: prefill compiles too
+        self.llm.generate([warm_up], SamplingParams(max_new_tokens=4, ignore_eos=True), use_tqdm=False)
 
     @staticmethod
     def params(n: int) -> SamplingParams:
