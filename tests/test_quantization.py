@@ -74,6 +74,19 @@ def test_numba_kernel_matches_the_torch_reference(fmt, rows, blocks, n, seed):
     torch.testing.assert_close(reference, x @ weight.dequantize().T, rtol=1e-5, atol=1e-5)
 
 
+def test_row_groups_are_the_same_bytes_interleaved_with_zero_padding():
+    """grouped[g, b, j, r] is byte j of block b of row g R + r; scales and mins follow their rows."""
+    weight = quantize_q4_1(random_weight(70, 64, 5))                            # 70 rows: a group and 6 rows
+    codes, scales, mins, grouped, group_scales, group_mins = quantized_numba.host_arrays(
+        weight.codes, weight.scales, weight.mins)
+    R = quantized_numba.ROW_GROUP
+    assert grouped.shape == (2, 2, 16, R) and group_scales.shape == group_mins.shape == (2, 2, R)
+    for n, b, j in [(0, 0, 0), (5, 1, 7), (63, 0, 15), (64, 1, 3), (69, 1, 15)]:
+        assert grouped[n // R, b, j, n % R] == codes[n, b * 16 + j]
+        assert group_scales[n // R, b, n % R] == scales[n, b] and group_mins[n // R, b, n % R] == mins[n, b]
+    assert not grouped[1, :, :, 6:].any() and not group_scales[1, :, 6:].any()   # rows 70..127: padding
+
+
 @pytest.mark.parametrize("rows", [1, 8])
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
 def test_rows_of_a_batch_do_not_see_each_other_and_add_to_adds(fmt, rows):

@@ -105,7 +105,10 @@ def quantize_q4_1(weight: torch.Tensor) -> QuantizedWeight:
 
 
 class QuantizedLinear:
-    """A quantised weight (N, K) and its product x (T, K) -> (T, N): the interface of `Linear`."""
+    """A quantised weight (N, K) and its product x (T, K) -> (T, N): the interface of `Linear`.
+
+    With the Numba kernel it holds its blocks in two orders (`quantized_numba.host_arrays`: the file's,
+    and 64 rows interleaved for products of one to three rows), so twice the bytes a product reads."""
 
     def __init__(self, weight: QuantizedWeight, kernel: str = "numba"):
         if kernel not in KERNELS:
