@@ -73,7 +73,7 @@ def time_kernels(args, bandwidth):
     print(f"{'format':>7} {'rows':>4} {'layers':>9} {'head':>8} {'cpu ms':>7} {'MB read':>8} {'GB/s':>6} "
           f"{'bound ms':>9}")
     with torch.inference_mode():
-        for rows in (1, 8):
+        for rows in args.rows:
             x_in, x_mid = torch.randn(rows, hidden), torch.randn(rows, inner)   # (T, C), (T, I)
 
             def run_layers(fmt):
@@ -130,6 +130,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are printed")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--skip", choices=["kernels", "engine"], help="leave one part out")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8],
+                        help="rows of x for the kernels alone (1: a decode step of one user; 32: a prefill chunk)")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     print(f"{args.model}: {torch.get_num_threads()} threads; copy bandwidth {bandwidth / 1e9:.1f} GB/s")
