@@ -30,9 +30,9 @@ from minibatch.engine.models.tiny import random_llama, smollm2_shaped_config, ti
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+FAST_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # a tokenizer.json, read as it is
 # Every field of config.json the engine reads. A local Llama whose config.json names them all is read as written;
 # otherwise transformers fills in its defaults (AutoConfig: a second or more of imports, so only when needed).
-FAST_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # a tokenizer.json, read as it is
 ENGINE_CONFIG_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                         "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "max_position_embeddings",
                         "hidden_act", "tie_word_embeddings")
