@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from minibatch import LLM, EngineConfig, SamplingParams
 from minibatch.config import ConfigError
-from minibatch.engine.kernels import quantized_numba
+from minibatch.engine.kernels import quantized_groups_numba, quantized_numba
 from minibatch.engine.models import load_hf, load_model
 from minibatch.engine.models.gguf_blocks import gguf_file, read_blocks, unpermute_rows
 from minibatch.engine.models.quantized import QuantizedLinear, QuantizedWeight, quantize_q4_1, quantize_q8_0
@@ -54,7 +54,7 @@ def test_fp16_scales_become_fp32_exactly_subnormals_included():
     halves = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16)
     finite = np.isfinite(halves.view(np.float16))
     out = np.empty(len(halves), np.float32)
-    quantized_numba._halves_to_float(halves, np.empty(len(halves), np.uint32), out)
+    quantized_groups_numba._halves_to_float(halves, np.empty(len(halves), np.uint32), out)
     np.testing.assert_array_equal(out[finite], halves.view(np.float16)[finite].astype(np.float32))
     subnormal = torch.tensor([[1, 1023]], dtype=torch.int16).view(torch.float16)      # (1, 2): 2^-24, 1023 * 2^-24
     weight = QuantizedWeight("q8_0", torch.full((1, 64), 100, dtype=torch.int8), subnormal)
@@ -79,7 +79,7 @@ def test_row_groups_are_the_same_bytes_interleaved_with_zero_padding():
     weight = quantize_q4_1(random_weight(70, 64, 5))                            # 70 rows: a group and 6 rows
     codes, scales, mins, grouped, group_scales, group_mins = quantized_numba.host_arrays(
         weight.codes, weight.scales, weight.mins)
-    R = quantized_numba.ROW_GROUP
+    R = quantized_groups_numba.ROW_GROUP
     assert grouped.shape == (2, 2, 16, R) and group_scales.shape == group_mins.shape == (2, 2, R)
     for n, b, j in [(0, 0, 0), (5, 1, 7), (63, 0, 15), (64, 1, 3), (69, 1, 15)]:
         assert grouped[n // R, b, j, n % R] == codes[n, b * 16 + j]

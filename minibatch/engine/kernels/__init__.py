@@ -11,8 +11,8 @@ out by block, `(num_blocks, block_size, num_kv_heads, head_dim)`:
 One rule covers prefill, chunked prefill and decode: query row j of sequence i sits at position
 `context_lens[i] - query_lens[i] + j` and sees cache positions 0..that position.
 
-Every Numba kernel of the CPU paths (here and in `fused_cpu`, `gemv_cpu`, `quantized_numba`) is
-compiled with `nogil=True`: while it runs, other Python threads run too, as they do during torch's
+Every Numba kernel of the CPU paths (here and in `fused_cpu`, `gemv_cpu`, `quantized_numba`, `quantized_groups_numba`)
+is compiled with `nogil=True`: while it runs, other Python threads run too, as they do during torch's
 operators. A server's event loop streams tokens while the engine thread computes (measured with
 `minibatch serve`, 48 requests at 8 req/s on 2 cores: goodput 1.92-1.95 req/s, 1.18-1.59 without).
 """

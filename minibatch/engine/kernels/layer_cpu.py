@@ -37,7 +37,7 @@ import torch
 from numba import njit, prange
 from numba.extending import overload
 
-from minibatch.engine.kernels import fused_cpu, gemv_cpu, numba_cpu, quantized_numba
+from minibatch.engine.kernels import fused_cpu, gemv_cpu, numba_cpu, quantized_groups_numba, quantized_numba
 from minibatch.engine.kernels.fused_cpu import _kept_view, _rms_norm, _rotary_write_kv
 from minibatch.engine.kernels.gemv_cpu import _stream
 from minibatch.engine.kernels.numba_cpu import _paged_attention
@@ -101,7 +101,8 @@ def _layer(x, attn_norm, qkv_weight, o_weight, mlp_norm, gate_up_weight, down_we
     return out
 
 
-CALLEES = (fused_cpu, gemv_cpu, numba_cpu, quantized_numba)   # the modules whose kernels `_layer` compiles into itself
+# the modules whose kernels `_layer` compiles into itself
+CALLEES = (fused_cpu, gemv_cpu, numba_cpu, quantized_numba, quantized_groups_numba)
 
 
 def callees_digest() -> str:
