@@ -18,10 +18,11 @@ the layer is compiled, so each format has its own machine code); any other step 
 (`LlamaModel.forward`), and so does a step profiled with `EngineConfig(profile_steps=True)`, which
 times the parts. Torch operators per decode step of one sequence: 3622 part by part, 57 this way.
 
-Measured on a 2-core AVX2 CPU (SmolLM2-135M, 2 threads, decode-step medians of 5 interleaved rounds):
-40.5 against 50.1 ms at batch 1, 51.8 against 62.0 at batch 4, 76.8 against 79.6 at batch 8, the
-same tokens; with the shipped GGUF's q4_1 blocks 0.86-0.89x at batch 1 and 0.83-0.84x at batch 4
-(two runs), with q8_0 blocks 0.76x at batch 1 and 0.93x at batch 4.
+Measured on a 2-core AVX2 CPU (SmolLM2-135M, 2 threads, median decode step of 5 interleaved rounds,
+`python scripts/layer_ab.py [--quantization q4_1]`), whole layers against part by part, the same
+tokens: float32 21.7 against 25.1 ms at batch 1, 23.8 against 27.6 at batch 4, 32.9 against 36.5 at
+batch 8; q4_1 9.0 against 12.4 ms at batch 1 and 33.0 against 37.1 at batch 8; q8_0 9.4 against 12.7
+at batch 1 and 29.4 against 33.3 at batch 8.
 
 Compiled code is cached on disk (`cache=True`). Numba checks a cached function against its own
 file only, so `_layer`, which compiles the other kernels into itself, is compiled again when one
