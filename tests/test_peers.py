@@ -27,6 +27,17 @@ def test_other_models_are_refused_by_name():
         peers.vllm_flags(EngineConfig(model="tiny"))
 
 
+def test_peers_installed_elsewhere_are_found_as_the_bench_finds_them(tmp_path, monkeypatch):
+    monkeypatch.delenv("MINIBATCH_VLLM", raising=False)
+    monkeypatch.setenv("MINIBATCH_PEERS", str(tmp_path))
+    assert peers.vllm_executable() is None                  # an empty folder of peers: no vLLM, not the repo's
+    command = tmp_path / "vllm" / "bin" / "vllm"
+    command.parent.mkdir(parents=True)
+    command.write_text("#!/bin/sh\n")
+    command.chmod(0o755)
+    assert peers.vllm_executable() == command
+
+
 def test_without_vllm_there_is_no_executable_and_the_server_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIBATCH_VLLM", str(tmp_path / "no-vllm-here"))
     assert peers.vllm_executable() is None

