@@ -42,9 +42,8 @@ def test_open_loop_poisson(server):
     for r, w in zip(report.requests, workload):
         assert r.num_output_tokens == w.params.max_new_tokens and r.finish_reason == "length"
         assert 0 < r.ttft <= r.e2e and r.arrival_time >= 0
-        assert r.tpot is None or r.tpot > 0       # None when all text came in one chunk (tiny's bytes: held back)
-    assert any(r.tpot is not None for r in report.requests)
-    assert len(report.itl) <= s["output_tokens"] - 12           # at most one gap per token after the first
+        assert r.tpot > 0                         # every step's token comes in a chunk, text or not
+    assert len(report.itl) == s["output_tokens"] - 12           # one gap per token after the first
     served = sum(st.num_prefill_tokens for st in server.engine.step_records[before:])
     assert served == sum(r.num_prompt_tokens for r in report.requests)   # the prompt sizes the server reported
 
@@ -110,3 +109,12 @@ def test_metrics_sampler_and_figures(server):
     assert len(fig.axes) == 2 and list(fig.axes[0].lines[0].get_xdata()) == [10.0, 30.0]
     with pytest.raises(KeyError, match="no field 'p77_s'"):
         latency_vs_load(rows, metrics=("p77_s",))
+
+
+def test_first_token_without_text_counts_for_ttft(server):
+    """A first token with no text (a special token) is timed as the first token, as the engine times it."""
+    special = SamplingParams(max_new_tokens=4, ignore_eos=True, logit_bias={1: 100.0})   # <|im_start|>: no text
+    report = loadtest.run(server.url, [WorkloadRequest(0.0, "Hi", special)], use_tqdm=False)
+    (r,) = report.requests
+    assert report.errors == [] and r.num_output_tokens == 4
+    assert 0 < r.ttft < r.e2e and r.tpot > 0 and len(report.itl) == 3

@@ -146,6 +146,20 @@ def test_64_concurrent_streaming_clients(server):
     assert server.engine.blocks.num_free_blocks == server.engine.blocks.num_blocks
 
 
+def test_a_chunk_for_every_token_even_without_text(server):
+    """Tokens with no text (here <|im_start|>, skipped as special) still stream a chunk each, as vLLM
+    streams them: a client times the first token when it comes, not when text first shows."""
+    payload = {"model": "tiny", "prompt": "Hi", "max_tokens": 5, "ignore_eos": True, "logit_bias": {"1": 100},
+               "stream": True, "stream_options": {"include_usage": True}}
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            return await streamed(client, "/v1/completions", payload)
+    out = asyncio.run(main())
+    assert out["done"] and out["text"] == "" and out["finish_reason"] == "length"
+    assert out["chunks"] == out["usage"]["completion_tokens"] == 5
+
+
 def test_a_steps_updates_reach_the_event_loop_in_one_call(monkeypatch):
     """The engine thread wakes the event loop once per step, whatever the number of streams."""
     from minibatch.serving import engine_thread

@@ -117,8 +117,7 @@ class OpenAIServer:
                     named.add(update.index)                     # vLLM, once the first token is out)
                     yield event(reply.chunk([choice(True, True, update.index, "", None, first=True)]))
                 reply.take(update)
-                if update.text or update.finish_reason or update.logprobs:
-                    yield event(reply.chunk([reply.choice(update, stream=True)], continuous_usage))
+                yield event(reply.chunk([reply.choice(update, stream=True)], continuous_usage))
             else:
                 if include_usage:
                     yield event(reply.chunk([], True))

@@ -203,7 +203,8 @@ class EngineThread(Arrivals):
                                             num_cached_tokens=request.num_cached_tokens)))
                 del self._active[rid]
                 self.engine.release(request)
-            elif delta:
+            else:       # an update even when the new tokens have no text yet (a special token, half a
+                        # character, a held-back stop-string prefix): a chunk per step with tokens, as vLLM streams
                 updates.append((job, Update(job.index, delta, n, logprobs=self._new_logprobs(job),
                                             num_cached_tokens=request.num_cached_tokens)))
         if updates:

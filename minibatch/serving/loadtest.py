@@ -5,8 +5,9 @@
     python -m minibatch loadtest --url http://127.0.0.1:8000 --workload trace.jsonl
 
 Each request is sent at its arrival time (open loop: Poisson or a trace) or when one of N users
-is ready (closed loop), always streaming, and timed on the client: TTFT (sent to first text),
-inter-token latency (the gaps between streamed chunks), TPOT ((last - first chunk) / (tokens - 1),
+is ready (closed loop), always streaming, and timed on the client: TTFT (sent to the first chunk
+that carries tokens, with or without text, as vLLM's benchmark client counts it and as the engine
+counts its own first token), inter-token latency (the gaps between those chunks), TPOT ((last - first chunk) / (tokens - 1),
 with the token count from the server's `usage`) and e2e latency. The summary has the same names
 as the engine's own `RunReport.summary()`, so an offline run and a run over HTTP compare line by
 line; the difference is what HTTP, JSON and the event loop cost per request.
@@ -80,6 +81,14 @@ def chunk_text(chunk: dict) -> str:
     return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
 
 
+def carries_tokens(chunk: dict) -> bool:
+    """Whether a streamed chunk brings output tokens: every chunk with a choice but a chat's opening
+    role chunk. Its text may be empty: a special token (a chat model's <|im_end|> after a plain-text
+    prompt), half a multi-byte character, text held back as a possible stop string."""
+    delta = chunk["choices"][0].get("delta") or {}
+    return bool(chunk_text(chunk)) or "role" not in delta
+
+
 async def send(client: httpx.AsyncClient, index: int, w: WorkloadRequest, model: str, start: float,
                itl: list[float]) -> RequestMetrics | str:
     """Stream one request; its metrics, or a line saying why it failed."""
@@ -98,7 +107,7 @@ async def send(client: httpx.AsyncClient, index: int, w: WorkloadRequest, model:
                     return f"request {index}: {chunk['error'].get('message')}"
                 usage = chunk.get("usage") or usage
                 if chunk.get("choices"):
-                    if chunk_text(chunk):
+                    if carries_tokens(chunk):
                         times.append(time.perf_counter())
                     reason = chunk["choices"][0].get("finish_reason") or reason
     except httpx.HTTPError as error:
