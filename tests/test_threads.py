@@ -82,3 +82,16 @@ def test_a_look_is_reused_for_a_while(monkeypatch):
 def test_a_bad_thread_count_names_the_field(value):
     with pytest.raises(ConfigError, match=f"cpu_threads={value!r}"):
         EngineConfig(model="tiny", cpu_threads=value)
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs Numba's default above one thread")
+def test_the_servers_engine_thread_keeps_the_engines_count(restore_threads):
+    """Numba counts threads per thread: the server's engine thread takes the engine's count, not Numba's default."""
+    import httpx
+    from minibatch.serving.server import ServerThread
+    counts = []
+    with ServerThread(EngineConfig(model="tiny", cpu_threads=1)) as server:
+        server.engine.step_observers.append(lambda record, finished: counts.append(numba.get_num_threads()))
+        reply = httpx.post(server.url + "/v1/completions", timeout=60,
+                           json={"model": "tiny", "prompt": "Hi", "max_tokens": 3})
+    assert reply.status_code == 200 and counts and set(counts) == {1}

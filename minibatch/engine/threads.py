@@ -11,8 +11,10 @@ many cores other programs kept busy over a fraction of a second, and uses the re
 
 The default count is torch's at import (OMP_NUM_THREADS where set, else the cores), so setting
 OMP_NUM_THREADS still caps the threads; `EngineConfig(cpu_threads=N)` fixes N and skips the look.
-The choice is process-wide (torch's and Numba's thread pools are), made again by each new engine,
-and cached for LOOK_TTL_S so that building many engines in a row does not pay for many looks.
+The choice is made again by each new engine and cached for LOOK_TTL_S, so that building many
+engines in a row does not pay for many looks. torch's count is process-wide; Numba's is per thread
+(a new thread starts at NUMBA_NUM_THREADS), so a thread that drives an engine built in another one,
+as the server's engine thread does, calls `adopt_threads` first.
 """
 from __future__ import annotations
 
@@ -72,3 +74,8 @@ def use_threads(cpu_threads: int | None) -> int:
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # first: starting Numba's pool resets OpenMP's
     torch.set_num_threads(threads)
     return threads
+
+
+def adopt_threads(threads: int) -> None:
+    """In a thread about to drive an engine: take the engine's count for Numba too (per thread)."""
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))

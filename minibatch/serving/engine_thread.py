@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from minibatch.config import SamplingParams
 from minibatch.engine.arrivals import Arrivals
 from minibatch.engine.llm_engine import LLMEngine
+from minibatch.engine.threads import adopt_threads
 from minibatch.serving.protocol import APIError
 from minibatch.serving.responses import TokenLogprob
 from minibatch.serving.text import TextStream
@@ -133,6 +134,7 @@ class EngineThread(Arrivals):
                 job.push(Update(job.index, "", job.seen, error=f"the engine failed: {error!r}"))
 
     def _loop(self) -> None:
+        adopt_threads(self.engine.cpu_threads)      # Numba's thread count is per thread: take the engine's
         self.engine.serve(self)             # the engine's arrival loop, with this thread's inbox as the arrivals
 
     # ---- the engine's Arrivals: the inbox, the shutdown deadline, publishing after each step ----
