@@ -118,3 +118,11 @@ def test_first_token_without_text_counts_for_ttft(server):
     (r,) = report.requests
     assert report.errors == [] and r.num_output_tokens == 4
     assert 0 < r.ttft < r.e2e and r.tpot > 0 and len(report.itl) == 3
+
+
+def test_a_server_that_is_not_there_is_a_reported_failure():
+    from minibatch.serving.child import free_port
+    url = f"http://127.0.0.1:{free_port('127.0.0.1')}"                # nothing listens there
+    request = WorkloadRequest(0.0, "Hi", SamplingParams(max_new_tokens=2))
+    report = loadtest.run(url, [request], model="m", use_tqdm=False)
+    assert report.summary()["failed"] == 1 and report.errors[0].startswith("request 0: ConnectError")
