@@ -7,10 +7,11 @@
 Each request is sent at its arrival time (open loop: Poisson or a trace) or when one of N users
 is ready (closed loop), always streaming, and timed on the client: TTFT (sent to the first chunk
 that carries tokens, with or without text, as vLLM's benchmark client counts it and as the engine
-counts its own first token), inter-token latency (the gaps between those chunks), TPOT ((last - first chunk) / (tokens - 1),
-with the token count from the server's `usage`) and e2e latency. The summary has the same names
-as the engine's own `RunReport.summary()`, so an offline run and a run over HTTP compare line by
-line; the difference is what HTTP, JSON and the event loop cost per request.
+counts its own first token), inter-token latency (the gaps between those chunks), TPOT
+((last - first chunk) / (tokens - 1), with the token count from the server's `usage`) and e2e
+latency. The summary has the same names as the engine's own `RunReport.summary()`, so an offline
+run and a run over HTTP compare line by line; the difference is what HTTP, JSON and the event
+loop cost per request.
 
 It speaks only the OpenAI API (`/v1/completions` for text and token-id prompts, `/v1/chat/completions`
 for chats, `stream_options.include_usage` for token counts), so it measures other servers too:
