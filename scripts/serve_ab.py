@@ -15,8 +15,8 @@ process that shares the cores with its front end and the client does to the engi
     python scripts/serve_ab.py [--rates 1 2 4 8] [--num-requests 48] [--rounds 3]
 """
 import argparse
-from statistics import median
 from contextlib import ExitStack
+from statistics import median
 
 from minibatch import LLM, EngineConfig
 from minibatch.analysis.sla import SLA, evaluate

@@ -71,7 +71,7 @@ def use_threads(cpu_threads: int | None) -> int:
     """Set torch's and Numba's thread counts for an engine on the CPU: cpu_threads if given, else the free
     cores (free_threads). Returns the count."""
     threads = cpu_threads if cpu_threads is not None else free_threads()
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # first: starting Numba's pool resets OpenMP's
+    adopt_threads(threads)                  # first: starting Numba's pool resets OpenMP's
     torch.set_num_threads(threads)
     return threads
 
