@@ -38,7 +38,7 @@ import torch
 from numba import njit, prange
 from numba.extending import overload
 
-from minibatch.engine.kernels import fused_cpu, gemv_cpu, numba_cpu, quantized_groups_numba, quantized_numba
+from minibatch.engine.kernels import fused_cpu, gemv_cpu, lanes, numba_cpu, quantized_groups_numba, quantized_numba
 from minibatch.engine.kernels.fused_cpu import _kept_view, _rms_norm, _rotary_write_kv
 from minibatch.engine.kernels.gemv_cpu import _stream
 from minibatch.engine.kernels.numba_cpu import _paged_attention
@@ -103,7 +103,7 @@ def _layer(x, attn_norm, qkv_weight, o_weight, mlp_norm, gate_up_weight, down_we
 
 
 # the modules whose kernels `_layer` compiles into itself
-CALLEES = (fused_cpu, gemv_cpu, numba_cpu, quantized_numba, quantized_groups_numba)
+CALLEES = (fused_cpu, gemv_cpu, lanes, numba_cpu, quantized_numba, quantized_groups_numba)
 
 
 def callees_digest() -> str:
