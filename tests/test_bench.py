@@ -171,7 +171,7 @@ def test_offline_workload_shape(tiny_hf):
 
 def test_roofline_arithmetic(tiny_hf):
     model, _ = tiny_hf
-    roof = roofline.measure("tiny", model.config, batch_sizes=(1, 8), steps=2, prompt_tokens=8, gemm_size=64)
+    roof = roofline.measure("tiny", model.config, batch_sizes=(1, 8), steps=2, prompt_tokens=8, gemm_size=64, rounds=2)
     assert roof["weight_bytes"] == 4 * sum(p.numel() for p in model.parameters())   # fp32, tied LM head counted once
     c = model.config
     assert roof["kv_bytes_per_token"] == 4 * 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim
@@ -184,6 +184,7 @@ def test_roofline_arithmetic(tiny_hf):
         assert d["bytes_read"] > roof["weight_bytes"]                   # every weight and the batch's KV
         assert d["achieved_Bps"] == pytest.approx(d["bytes_read"] / d["step_s"])
     assert eight["bytes_read"] > one["bytes_read"]                     # the same weights, more KV
+    assert one["steps_timed"] == eight["steps_timed"] == 2 * 2         # both rounds' decode steps, 2 a round
     assert roof["step_8_over_1"] == pytest.approx(eight["step_s"] / one["step_s"])
     text = "\n".join(report.roofline_lines(roof))
     assert "GB/s" in text and "a decode step of 8 costs" in text

@@ -169,7 +169,8 @@ def roofline_lines(roof: dict) -> list[str]:
              f"peak {roof['peak_flops'] / 1e9:.1f} GFLOP/s (fp32 {roof['gemm_size']}^3 GEMM); "
              f"weights {roof['weight_bytes'] / 1e6:.0f} MB, KV {roof['kv_bytes_per_token'] / 1e3:.1f} kB/token"]
     for d in roof["decode"]:
-        lines.append(f"  decode step at batch {d['batch_size']:>3}: {d['step_s'] * 1e3:8.2f} ms; bound "
+        timed = f" (median of {d['steps_timed']})" if "steps_timed" in d else ""      # older saved results lack it
+        lines.append(f"  decode step at batch {d['batch_size']:>3}: {d['step_s'] * 1e3:8.2f} ms{timed}; bound "
                      f"{d['bound_s'] * 1e3:.2f} ms (memory {d['memory_bound_s'] * 1e3:.2f}, compute "
                      f"{d['compute_bound_s'] * 1e3:.2f}): {d['fraction_of_bound']:.0%} of the roofline, "
                      f"{d['fraction_of_memory_bound']:.0%} of the memory bound; read "

@@ -130,9 +130,11 @@ def bounds(size: ModelSize, bytes_per_value: int, flops: float, bandwidth: float
 
 
 def measure(model: str, model_config, batch_sizes=(1, 8, 64), steps: int = 8, prompt_tokens: int = 32,
-            gemm_size: int = 2048, device: str = "auto", attention_backend: str = "auto") -> dict:
+            gemm_size: int = 2048, device: str = "auto", attention_backend: str = "auto", rounds: int = 1) -> dict:
     """Peak bandwidth and FLOP/s, minibatch's decode step at each batch size against its bounds, and
-    the engine's overhead share at OVERHEAD_BATCH. model_config is the model's Hugging Face config."""
+    the engine's overhead share at OVERHEAD_BATCH. model_config is the model's Hugging Face config.
+    The batch sizes take turns over `rounds` rounds (1, 8, 64, 1, 8, 64, ...), so a machine whose
+    speed drifts slows them alike, and each step time is the median over all its rounds' steps."""
     on = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     bandwidth, flops = memory_bandwidth(device=on), peak_flops(gemm_size, device=on)   # of the engine's device
     most = max(*batch_sizes, OVERHEAD_BATCH)
@@ -144,15 +146,18 @@ def measure(model: str, model_config, batch_sizes=(1, 8, 64), steps: int = 8, pr
     llm = LLM(EngineConfig(**config))
     decode_records(llm, 1, 2, prompt_tokens)                                    # warm-up
     size, value_bytes = ModelSize.of(model_config), llm.engine.kv_cache.k[0].element_size()
+    taken = {batch: [] for batch in batch_sizes}
+    for _ in range(rounds):
+        for batch in batch_sizes:
+            taken[batch] += decode_records(llm, batch, steps, prompt_tokens)
     decode = []
-    for batch in batch_sizes:
-        records = decode_records(llm, batch, steps, prompt_tokens)
+    for batch, records in taken.items():
         step_s = float(np.median([r.duration for r in records]))
         context = int(np.median([r.kv_tokens_stored for r in records]))
         b = bounds(size, value_bytes, flops, bandwidth, batch, context)
         bytes_read = b["memory_bound_s"] * bandwidth                            # weights + the batch's KV, once
-        decode.append({"batch_size": batch, "step_s": step_s, "context_tokens": context, **b,
-                       "bytes_read": bytes_read, "achieved_Bps": bytes_read / step_s,
+        decode.append({"batch_size": batch, "step_s": step_s, "steps_timed": len(records),
+                       "context_tokens": context, **b, "bytes_read": bytes_read, "achieved_Bps": bytes_read / step_s,
                        "fraction_of_memory_bound": b["memory_bound_s"] / step_s,
                        "fraction_of_bound": b["bound_s"] / step_s})
     step_s = {d["batch_size"]: d["step_s"] for d in decode}

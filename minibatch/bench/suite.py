@@ -110,7 +110,8 @@ def run_bench(model: str = "smollm2-135m", scale: Scale = QUICK, systems=SYSTEM_
     results["roofline"] = None
     if physical:
         results["roofline"] = roofline.measure(model, hf_model.config, (1, 8, 64), scale.decode_steps,
-                                               scale.decode_prompt, scale.gemm_size, device, attention_backend)
+                                               scale.decode_prompt, scale.gemm_size, device, attention_backend,
+                                               scale.decode_rounds)
     results["goals"] = report.goals(results)
     results["machine"]["load_average_1min_end"] = roofline.machine()["load_average_1min"]
     return results

