@@ -21,8 +21,9 @@ times the parts. Torch operators per decode step of one sequence: 3622 part by p
 Measured on a 2-core AVX2 CPU (SmolLM2-135M, 2 threads, median decode step of 5 interleaved rounds,
 `python scripts/layer_ab.py [--quantization q4_1]`), whole layers against part by part, the same
 tokens: float32 27.4 against 31.3 ms at batch 1, 30.0 against 37.1 at batch 4, 36.0 against 40.4 at
-batch 8 (a slow hour of the machine: the ratios are what carries over); q4_1 9.0 against 12.4 ms at batch 1 and 33.0 against 37.1 at batch 8; q8_0 9.4 against 12.7
-at batch 1 and 29.4 against 33.3 at batch 8.
+batch 8 (a slow hour of the machine: the ratios are what carries over); q4_1 9.0 against 12.4 ms at
+batch 1 and 33.0 against 37.1 at batch 8; q8_0 9.4 against 12.7 at batch 1 and 29.4 against 33.3 at
+batch 8.
 
 Compiled code is cached on disk (`cache=True`). Numba checks a cached function against its own
 file only, so `_layer`, which compiles the other kernels into itself, is compiled again when one
