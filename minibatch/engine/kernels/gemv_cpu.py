@@ -20,8 +20,9 @@ the same output. Results equal `F.linear`'s up to the order of the additions.
 With several rows the loop computes as well as reads, and while it computes, the memory must
 already be fetching the weights it reads next, or the two add up instead of overlapping. The
 CPU's own prefetcher guesses that for a plain stream; here each loop also asks for the weight row
-PREFETCH_AHEAD rows ahead (`prefetch`). Against the loop this file held before (the same order,
-in scalar Numba that the compiler vectorised by itself, no prefetching; in the history at 681825b),
+PREFETCH_AHEAD rows ahead (`prefetch`). With one row the hint names the row being read: asking
+12 rows ahead made one row slower. Against the loop this file held before (the same order, in
+scalar Numba that the compiler vectorised by itself, no prefetching; in the history at 681825b),
 a step's products at eight rows took 0.78-0.93x the time in 9 interleaved comparisons on a 2-core
 AVX2 CPU, and one row 0.96-1.04x: from one row to eight, 1.22-1.29x instead of 1.29-1.44x.
 
@@ -110,7 +111,8 @@ def _row1(weight, x, n, t, ahead, out):
 def _stream(x, weight, residual, add_residual, out):
     rows = x.shape[0]                                      # x: (T, K), weight: (N, K), residual, out: (T, N)
     num_outputs = weight.shape[0]
-    ahead_by = PREFETCH_AHEAD if rows > 1 else 0           # one row: the hardware's prefetcher keeps up alone
+    # one row: the hint names the row being read (asking ahead measured slower there)
+    ahead_by = PREFETCH_AHEAD if rows > 1 else 0
     for task in prange((num_outputs + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         for n in range(task * ROWS_PER_TASK, min(num_outputs, (task + 1) * ROWS_PER_TASK)):
             ahead = min(n + ahead_by, num_outputs - 1)
