@@ -106,8 +106,8 @@ MIXED = [(0, 7), (13, 8), (29, 1), (44, 1)]
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-@pytest.mark.parametrize("block_size", [1, 8, 16, 32])
-@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("block_size", [1, 8, 12, 16, 32])
+@pytest.mark.parametrize("head_dim", [32, 36, 64, 128])
 @pytest.mark.parametrize("group", [1, 3, 4])
 def test_mixed_batch_matches_naive_loop(name, block_size, head_dim, group):
     check_backend(name, make_batch(MIXED, block_size, 2, group, head_dim), device_of(name))
@@ -117,10 +117,10 @@ def test_mixed_batch_matches_naive_loop(name, block_size, head_dim, group):
 @settings(max_examples=25, deadline=None)
 @given(
     seqs=st.lists(st.tuples(st.integers(0, 70), st.integers(1, 12)), min_size=1, max_size=5),
-    block_size=st.sampled_from([1, 8, 16, 32]),
+    block_size=st.sampled_from([1, 8, 12, 16, 32]),
     num_kv_heads=st.integers(1, 3),
     group=st.sampled_from([1, 3, 4]),
-    head_dim=st.sampled_from([32, 64, 128]),
+    head_dim=st.sampled_from([20, 32, 64, 128]),
     seed=st.integers(0, 2**16),
 )
 def test_random_batches_match_naive_loop(name, seqs, block_size, num_kv_heads, group, head_dim, seed):

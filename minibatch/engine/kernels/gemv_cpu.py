@@ -19,20 +19,28 @@ the same output. Results equal `F.linear`'s up to the order of the additions.
 
 With several rows the loop computes as well as reads, and while it computes, the memory must
 already be fetching the weights it reads next, or the two add up instead of overlapping. The
-CPU's own prefetcher guesses that for a plain stream; here each loop also asks for the weight row
-PREFETCH_AHEAD rows ahead (`prefetch`). With one row the hint names the row being read: asking
-12 rows ahead made one row slower. Against the loop this file held before (the same order, in
-scalar Numba that the compiler vectorised by itself, no prefetching; in the history at 681825b),
-a step's products at eight rows took 0.78-0.93x the time in 9 interleaved comparisons on a 2-core
-AVX2 CPU, and one row 0.96-1.04x: from one row to eight, 1.22-1.29x instead of 1.29-1.44x.
+CPU's own prefetcher guesses that for a plain stream, but not always early enough; here each loop
+also asks for the weight row PREFETCH_AHEAD rows ahead (`prefetch`: once per 64-byte cache line,
+into every cache level). How far ahead, and with which hint, matters more on some CPUs than on
+others, so both were measured on two. On a 2-core AMD EPYC (Zen 3, AVX2), 6, 12 or 24 rows ahead
+and either hint were the same within noise. On a 2-core Intel Xeon (AVX-512), eight rows of this
+loop took, in interleaved runs: 34-39 ms with no hint; 61 ms asking 12 rows ahead with either
+hint (the choice this file made before, measured on the EPYC only) and 69 ms 4 ahead with the hint for data
+read once (`prefetchnta`), which leaves the line in the first-level cache only, where it is
+pushed out before it is read; 21-25 ms with `prefetcht0` 1 to 4 rows ahead.
 
-Measured here with `python scripts/linear_ab.py --rows 1 2 4 6 8 12 16 --reps 5` (2 threads, the
-30 layers' products of SmolLM2-135M, 425 MB, cold in cache as in a real step; medians of
-interleaved runs), against oneDNN with the weight prepacked:
+Measured on that Xeon with `python scripts/linear_ab.py --rows 1 2 4 6 8 12 16 --reps 5` (2 threads,
+the 30 layers' products of SmolLM2-135M, 425 MB, read from memory as in a real step; medians of
+interleaved runs), against oneDNN with the weight prepacked and MKL's `F.linear`:
 
     rows          1        2        4        6        8       12       16
-    oneDNN     27.0 ms  28.8 ms  33.0 ms  33.4 ms  35.8 ms  43.4 ms  51.4 ms
-    streamed   22.2 ms  24.1 ms  23.1 ms  27.9 ms  24.5 ms  35.0 ms  45.9 ms
+    oneDNN     24.4 ms  23.7 ms  24.3 ms  25.4 ms  27.9 ms  30.8 ms  35.5 ms
+    F.linear   18.7 ms  19.2 ms  30.5 ms  32.3 ms  37.5 ms  43.5 ms  43.4 ms
+    streamed   24.5 ms  23.9 ms  22.1 ms  25.6 ms  27.5 ms  31.7 ms  39.3 ms
+
+One row is faster through MKL's `F.linear` on that Xeon: it keeps more of the weight in flight.
+A version of `_row1` that reads four weight rows at once measured 12% faster than this one there
+(in a synthetic test of the same shapes); it is not built yet.
 
 So `models.linear.Linear` uses this loop for up to STREAM_ROWS rows, and oneDNN above.
 Compiled code is cached on disk (`cache=True`).
@@ -47,7 +55,8 @@ from minibatch.engine.kernels.lanes import LANES, fma8, lane, load8, prefetch, s
 
 STREAM_ROWS = 12       # up to this many rows the streamed loop beats a library GEMM (see above)
 ROWS_PER_TASK = 32     # weight rows a thread takes at a time
-PREFETCH_AHEAD = 12    # with several rows, the weight row asked for while this one is multiplied
+PREFETCH_AHEAD = 2     # the weight row asked for while this one is multiplied
+LINE = 16              # float32 values in a 64-byte cache line
 
 
 @njit(inline="always")
@@ -65,7 +74,8 @@ def _rows8(weight, x, n, t, ahead, out):
     s0, s1, s2, s3, s4, s5, s6, s7 = zero8(), zero8(), zero8(), zero8(), zero8(), zero8(), zero8(), zero8()
     last = weight.shape[1] - weight.shape[1] % LANES
     for k in range(0, last, LANES):
-        prefetch(weight, ahead, k)
+        if k % LINE == 0:
+            prefetch(weight, ahead, k)                          # weight[ahead, k:k+16], one cache line
         w = load8(weight, n, k)                                 # weight[n, k:k+8]
         s0, s1 = fma8(w, load8(x, t, k), s0), fma8(w, load8(x, t + 1, k), s1)
         s2, s3 = fma8(w, load8(x, t + 2, k), s2), fma8(w, load8(x, t + 3, k), s3)
@@ -82,7 +92,8 @@ def _rows4(weight, x, n, t, ahead, out):
     s0, s1, s2, s3 = zero8(), zero8(), zero8(), zero8()
     last = weight.shape[1] - weight.shape[1] % LANES
     for k in range(0, last, LANES):
-        prefetch(weight, ahead, k)
+        if k % LINE == 0:
+            prefetch(weight, ahead, k)
         w = load8(weight, n, k)
         s0, s1 = fma8(w, load8(x, t, k), s0), fma8(w, load8(x, t + 1, k), s1)
         s2, s3 = fma8(w, load8(x, t + 2, k), s2), fma8(w, load8(x, t + 3, k), s3)
@@ -97,7 +108,7 @@ def _row1(weight, x, n, t, ahead, out):
     s0, s1 = zero8(), zero8()
     last = weight.shape[1] - weight.shape[1] % LANES
     k = 0
-    while k + 2 * LANES <= last:
+    while k + 2 * LANES <= last:                           # (2 * LANES = LINE: one prefetch a cache line)
         prefetch(weight, ahead, k)
         s0 = fma8(load8(weight, n, k), load8(x, t, k), s0)
         s1 = fma8(load8(weight, n, k + LANES), load8(x, t, k + LANES), s1)
@@ -111,11 +122,9 @@ def _row1(weight, x, n, t, ahead, out):
 def _stream(x, weight, residual, add_residual, out):
     rows = x.shape[0]                                      # x: (T, K), weight: (N, K), residual, out: (T, N)
     num_outputs = weight.shape[0]
-    # one row: the hint names the row being read (asking ahead measured slower there)
-    ahead_by = PREFETCH_AHEAD if rows > 1 else 0
     for task in prange((num_outputs + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         for n in range(task * ROWS_PER_TASK, min(num_outputs, (task + 1) * ROWS_PER_TASK)):
-            ahead = min(n + ahead_by, num_outputs - 1)
+            ahead = min(n + PREFETCH_AHEAD, num_outputs - 1)
             t = 0
             while t + 8 <= rows:
                 _rows8(weight, x, n, t, ahead, out)

@@ -7,25 +7,43 @@ These functions are that vocabulary, for Numba: each compiles to one or a few LL
 instructions (AVX's 256-bit registers on x86, two 128-bit NEON registers on ARM).
 
     zero8()                   [0, 0, 0, 0, 0, 0, 0, 0]
+    splat8(s)                 [s, s, s, s, s, s, s, s]
     load8(a, i, j)            a[i, j:j+8], one load (a float32 2-D array whose rows are contiguous)
+    store8(a, i, j, v)        a[i, j:j+8] = v, one store
+    a + b, a - b, a * b, a / b  lane by lane
     fma8(a, b, c)             a * b + c lane by lane, fused where the CPU has FMA
+    max8(a, b), min8(a, b)    the larger (smaller) of a[i] and b[i] in each lane
+    floor8(a)                 each lane rounded down to a whole number
+    pow2_8(n)                 2 ** n[i] in each lane, for whole numbers n[i] in -126..127 (built from the
+                              exponent bits, no arithmetic)
+    exp8(a)                   e ** a[i] in each lane, to float32's precision (a polynomial, below)
     sum8(a)                   a[0] + a[1] + ... + a[7]
     sums8(a0, ..., a7)        [sum8(a0), sum8(a1), ..., sum8(a7)]: eight reductions at once
     lane(v, i)                v[i]
     prefetch(a, i, j)         ask the memory for a[i, j]'s cache line now, before it is needed
-                              (as data read once: x86's prefetchnta)
+                              (into every cache level: x86's prefetcht0)
 
-`load8` does not check bounds: its caller keeps j + 8 <= the row's length.
+`load8` and `store8` do not check bounds: their caller keeps j + 8 <= the row's length.
+
+A vector `exp` is not in the list of things a CPU does in one instruction, and without a vector
+math library the compiler calls the scalar `expf` once per lane. `exp8` computes it as C math
+libraries do: e ** x = 2 ** n * e ** r with n = round(x / ln 2) and r = x - n ln 2 in [-ln 2 / 2,
+ln 2 / 2] (ln 2 split in two constants, so that n ln 2 is exact enough), e ** r by a degree-7
+polynomial (Cephes' expf coefficients), 2 ** n from the exponent bits. Relative error about 2e-7
+for x in [-87.3, 88] (x is clamped to that range: below it e ** x is 1e-38 rather than 0).
 """
 from __future__ import annotations
 
+import operator
+
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic, models, register_model
+from numba.extending import intrinsic, models, overload, register_model
 
 LANES = 8
 _VECTOR = ir.VectorType(ir.FloatType(), LANES)            # <8 x float>
+_INTEGERS = ir.VectorType(ir.IntType(32), LANES)          # <8 x i32>
 _INDEX = ir.IntType(32)
 
 
@@ -47,7 +65,7 @@ class _Float32x8Model(models.PrimitiveModel):
 
 def _pointer(context, builder, sig, args):
     """The address of a[i, j] for the call's (array, i, j) arguments."""
-    array_type, row_type, col_type = sig.args
+    array_type, row_type, col_type = sig.args[:3]
     array = context.make_array(array_type)(context, builder, args[0])
     row = context.cast(builder, args[1], row_type, types.intp)
     col = context.cast(builder, args[2], col_type, types.intp)
@@ -66,6 +84,18 @@ def zero8(typingctx):
 
 
 @intrinsic
+def splat8(typingctx, s):
+    if not isinstance(s, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        value = context.cast(builder, args[0], sig.args[0], types.float32)
+        one_lane = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), value, _INDEX(0))
+        return _shuffle(builder, one_lane, one_lane, [0] * LANES)
+    return float32x8(s), codegen
+
+
+@intrinsic
 def load8(typingctx, a, i, j):
     if not (_float32_matrix(a) and isinstance(i, types.Integer) and isinstance(j, types.Integer)):
         return None
@@ -74,6 +104,19 @@ def load8(typingctx, a, i, j):
         address = builder.bitcast(_pointer(context, builder, sig, args), _VECTOR.as_pointer())
         return builder.load(address, align=4)
     return float32x8(a, i, j), codegen
+
+
+@intrinsic
+def store8(typingctx, a, i, j, v):
+    if not (_float32_matrix(a) and isinstance(i, types.Integer) and isinstance(j, types.Integer)
+            and v == float32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        address = builder.bitcast(_pointer(context, builder, sig, args), _VECTOR.as_pointer())
+        builder.store(args[3], address, align=4)
+        return context.get_dummy_value()
+    return types.void(a, i, j, v), codegen
 
 
 @intrinsic
@@ -86,7 +129,7 @@ def prefetch(typingctx, a, i, j):
         llvm_prefetch = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [byte_pointer, _INDEX, _INDEX, _INDEX]), "llvm.prefetch.p0")
         address = builder.bitcast(_pointer(context, builder, sig, args), byte_pointer)
-        builder.call(llvm_prefetch, [address, _INDEX(0), _INDEX(0), _INDEX(1)])     # a read, of data used once
+        builder.call(llvm_prefetch, [address, _INDEX(0), _INDEX(3), _INDEX(1)])     # a read, into every cache level
         return context.get_dummy_value()
     return types.void(a, i, j), codegen
 
@@ -101,6 +144,69 @@ def fma8(typingctx, a, b, c):
             builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fmuladd.v8f32")
         return builder.call(fmuladd, args)                   # one FMA instruction where the CPU has one
     return float32x8(a, b, c), codegen
+
+
+def _lanewise(instruction):
+    """An intrinsic for a float32x8 op float32x8, emitted as `instruction(builder, a, b)`."""
+    @intrinsic
+    def op(typingctx, a, b):
+        if not (a == b == float32x8):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return instruction(builder, *args)
+        return float32x8(a, b), codegen
+    return op
+
+
+def _llvm_vector_call(builder, name, args):
+    """A call of LLVM's own vector function `name` (llvm.maxnum.v8f32, ...) on <8 x float> arguments."""
+    function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * len(args)), name)
+    return builder.call(function, args)
+
+
+_add8 = _lanewise(lambda builder, a, b: builder.fadd(a, b))
+_sub8 = _lanewise(lambda builder, a, b: builder.fsub(a, b))
+_mul8 = _lanewise(lambda builder, a, b: builder.fmul(a, b))
+_div8 = _lanewise(lambda builder, a, b: builder.fdiv(a, b))
+max8 = _lanewise(lambda builder, a, b: _llvm_vector_call(builder, "llvm.maxnum.v8f32", [a, b]))
+min8 = _lanewise(lambda builder, a, b: _llvm_vector_call(builder, "llvm.minnum.v8f32", [a, b]))
+
+def _as_operator(python_operator, lanewise):
+    """Let kernels write `a * b` for lanewise(a, b) on two float32x8."""
+    @overload(python_operator)
+    def vector_operator(a, b):
+        if a == b == float32x8:
+            return lambda a, b: lanewise(a, b)
+        return None
+
+
+for _operator, _lanewise_op in ((operator.add, _add8), (operator.sub, _sub8), (operator.mul, _mul8),
+                                (operator.truediv, _div8)):
+    _as_operator(_operator, _lanewise_op)
+
+
+@intrinsic
+def floor8(typingctx, a):
+    if a != float32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _llvm_vector_call(builder, "llvm.floor.v8f32", args)
+    return float32x8(a), codegen
+
+
+@intrinsic
+def pow2_8(typingctx, n):
+    if n != float32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        whole = builder.fptosi(args[0], _INTEGERS)                         # n as integers
+        biased = builder.add(whole, ir.Constant(_INTEGERS, [127] * LANES))  # float32's exponent bias
+        bits = builder.shl(biased, ir.Constant(_INTEGERS, [23] * LANES))     # into the exponent field
+        return builder.bitcast(bits, _VECTOR)                               # sign 0, mantissa 0: 2 ** n
+    return float32x8(n), codegen
 
 
 def _shuffle(builder, a, b, picks):
@@ -147,3 +253,21 @@ def lane(typingctx, v, i):
     def codegen(context, builder, sig, args):
         return builder.extract_element(args[0], context.cast(builder, args[1], sig.args[1], types.intp))
     return types.float32(v, i), codegen
+
+
+_LOG2_E = 1.44269504088896341
+_LN2_HIGH, _LN2_LOW = 0.693359375, -2.12194440e-4     # ln 2 = high + low; high has few bits, so n * high is exact
+_EXP_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+                   5.0000001201e-1)                    # e ** r = 1 + r + r ** 2 (c5 + c4 r + ... + c0 r ** 5)
+_EXP_LOWEST, _EXP_HIGHEST = -87.33654, 88.0          # x is clamped to these, where 2 ** n is a normal float32
+
+
+@njit(inline="always")
+def exp8(x):
+    x = min8(max8(x, splat8(_EXP_LOWEST)), splat8(_EXP_HIGHEST))
+    n = floor8(fma8(x, splat8(_LOG2_E), splat8(0.5)))                           # round(x / ln 2)
+    r = x - n * splat8(_LN2_HIGH) - n * splat8(_LN2_LOW)                          # in [-ln 2 / 2, ln 2 / 2]
+    p = splat8(_EXP_POLYNOMIAL[0])
+    for c in _EXP_POLYNOMIAL[1:]:
+        p = fma8(p, r, splat8(c))
+    return (fma8(p, r * r, r) + splat8(1.0)) * pow2_8(n)

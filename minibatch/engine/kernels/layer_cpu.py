@@ -8,22 +8,23 @@ at batch 1, a fifth of a decode step spent between the kernels. Here the layer i
 
     x (T, C) -> x + attention(rms_norm(x)) = x1 -> x1 + mlp(rms_norm(x1))      (T, C)
 
-which runs the same compiled kernels (`fused_cpu`, `gemv_cpu`, `numba_cpu`) in the same order,
-on numpy arrays that stay numpy from the first layer to the last. Only SwiGLU is new here:
-silu(gate) * up = gate / (1 + exp(-gate)) * up, one loop, its rows split over the threads. It
-applies to decode steps on a CPU with the Numba attention backend, up to `gemv_cpu.STREAM_ROWS`
-rows, whose products the layer can run: float32 weights through the streamed loop, or q8_0 and
-q4_1 blocks through `quantized_numba`'s kernels (`_product` picks one by the weight's format when
-the layer is compiled, so each format has its own machine code); any other step runs the layer part by part
-(`LlamaModel.forward`), and so does a step profiled with `EngineConfig(profile_steps=True)`, which
-times the parts. Torch operators per decode step of one sequence: 3622 part by part, 57 this way.
+which runs the same compiled kernels (`fused_cpu`, `gemv_cpu`, `numba_cpu`) in the same order, on
+numpy arrays that stay numpy from the first layer to the last. Only SwiGLU is new here:
+silu(gate) * up = gate / (1 + exp(-gate)) * up, one loop in eight-float vectors (`lanes.exp8`), each row split in
+chunks of SILU_CHUNK columns over the threads. It applies to decode steps on a CPU with the Numba
+attention backend, up to `gemv_cpu.STREAM_ROWS` rows, whose products the layer can run: float32
+weights through the streamed loop, or q8_0 and q4_1 blocks through `quantized_numba`'s kernels
+(`_product` picks one by the weight's format when the layer is compiled, so each format has its own
+machine code); any other step runs the layer part by part (`LlamaModel.forward`), and so does a step
+profiled with `EngineConfig(profile_steps=True)`, which times the parts. Torch operators per decode
+step of one sequence: 3622 part by part, 57 this way.
 
-Measured on a 2-core AVX2 CPU (SmolLM2-135M, 2 threads, median decode step of 5 interleaved rounds,
-`python scripts/layer_ab.py [--quantization q4_1]`), whole layers against part by part, the same
-tokens: float32 27.4 against 31.3 ms at batch 1, 30.0 against 37.1 at batch 4, 36.0 against 40.4 at
-batch 8 (a slow hour of the machine: the ratios are what carries over); q4_1 9.0 against 12.4 ms at
+Measured with `python scripts/layer_ab.py [--quantization q4_1]` (SmolLM2-135M, 2 threads, median
+decode step of 5 interleaved rounds), whole layers against part by part, the same tokens. On a 2-core
+Intel Xeon (AVX-512): float32 23.3 against 28.7 ms at batch 1, 31.0 against 36.2 ms at batch 8. On a
+2-core AMD EPYC (AVX2), before the vector exp and the nearer prefetch: q4_1 9.0 against 12.4 ms at
 batch 1 and 33.0 against 37.1 at batch 8; q8_0 9.4 against 12.7 at batch 1 and 29.4 against 33.3 at
-batch 8.
+batch 8. The ratios are what carries over from one machine, and one hour, to another.
 
 Compiled code is cached on disk (`cache=True`). Numba checks a cached function against its own
 file only, so `_layer`, which compiles the other kernels into itself, is compiled again when one
@@ -42,6 +43,7 @@ from numba.extending import overload
 from minibatch.engine.kernels import fused_cpu, gemv_cpu, lanes, numba_cpu, quantized_groups_numba, quantized_numba
 from minibatch.engine.kernels.fused_cpu import _kept_view, _rms_norm, _rotary_write_kv
 from minibatch.engine.kernels.gemv_cpu import _stream
+from minibatch.engine.kernels.lanes import LANES, exp8, load8, splat8, store8, zero8
 from minibatch.engine.kernels.numba_cpu import _paged_attention
 from minibatch.engine.kernels.quantized_numba import _q4_1_into, _q8_0_into
 
@@ -68,11 +70,24 @@ def _product_for(x, weight, residual, add_residual, out):
     return None
 
 
+SILU_CHUNK = 256        # columns of one row a thread takes at a time in SwiGLU
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _silu_mul(gate_up, out):
     rows, inter = out.shape                                # gate_up: (T, 2 I) = gate | up, out: (T, I)
-    for t in prange(rows):
-        for i in range(inter):
+    chunks = (inter + SILU_CHUNK - 1) // SILU_CHUNK        # (even one row is split over the threads)
+    vector_end = inter - inter % LANES
+    for task in prange(rows * chunks):
+        t, start = task // chunks, task % chunks * SILU_CHUNK
+        end = min(start + SILU_CHUNK, inter)
+        i = start
+        while i < min(end, vector_end):                    # eight columns at a time: exp8, not np.exp per value
+            gate = load8(gate_up, t, i)
+            silu = gate / (splat8(1.0) + exp8(zero8() - gate))
+            store8(out, t, i, silu * load8(gate_up, t, inter + i))
+            i += LANES
+        for i in range(i, end):
             gate = gate_up[t, i]
             out[t, i] = gate / (np.float32(1.0) + np.exp(-gate)) * gate_up[t, inter + i]
 

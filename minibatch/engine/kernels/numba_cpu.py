@@ -13,9 +13,17 @@ equals `softmax(scores) @ V` without ever storing more than one block's scores.
 
 Work is split over (query row, KV head) pairs with `prange`. The `group` query heads that share a
 KV head (grouped-query attention: query head h reads KV head `h // group`) are computed together,
-so each key and value is read from memory once for all of them. The inner products may be summed
-in any order (`fastmath` reassociation), which lets the compiler vectorise them; results differ from
-the torch reference only in the last bits. Query row j of sequence i sits at position
+so each key and value is read from memory once for all of them. The loops are written in
+eight-float vectors (`kernels.lanes`): a block's scores eight keys at a time, the query's vector
+loaded once for all eight (`_block_scores`); the weights exp(score - m) eight at a time (`exp8`,
+where scalar `np.exp` calls the C library once per score); the weighted values eight columns at a
+time (`_add_weighted_values`). Results differ from the torch reference only in the last bits (the
+order of the additions). Against the same loops in scalar Numba (`fastmath`, vectorised by the
+compiler where it could, `np.exp` per score), on a 2-core Intel Xeon, SmolLM2's shapes (9 query
+heads, 3 KV heads, D = 64, blocks of 16), median of 300 calls: 8 rows at context 48 took 34 us
+against 57, 32 rows at context 80 182 against 330, one row at context 500 36 against 75.
+
+Query row j of sequence i sits at position
 `context_lens[i] - query_lens[i] + j` and sees cache positions 0..that position, which covers
 prefill, chunked prefill and decode alike. Inputs are float32 CPU tensors, handed to Numba as
 zero-copy numpy views; compiled code is cached on disk (`cache=True`), so only the first process
@@ -27,6 +35,8 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from minibatch.engine.kernels.lanes import LANES, exp8, fma8, load8, splat8, store8, sum8, sums8, zero8
+
 
 @njit(nogil=True, cache=True)
 def _write_kv(key, value, k_cache, v_cache, slot_mapping):
@@ -37,11 +47,73 @@ def _write_kv(key, value, k_cache, v_cache, slot_mapping):
         v_cache[block, offset] = value[t]
 
 
-@njit(parallel=True, nogil=True, fastmath={"reassoc", "contract"}, cache=True)
+@njit(inline="always")
+def _dot(queries, q_row, keys, k_row, vector_end):
+    """queries[q_row] . keys[k_row]: eight columns at a time, then the last D % 8 one by one."""
+    total = zero8()
+    for c in range(0, vector_end, LANES):
+        total = fma8(load8(queries, q_row, c), load8(keys, k_row, c), total)
+    score = sum8(total)
+    for d in range(vector_end, queries.shape[1]):
+        score += queries[q_row, d] * keys[k_row, d]
+    return score
+
+
+@njit(inline="always")
+def _block_scores(queries, q_row, keys, first_k_row, k_step, n, block_size, vector_end, scale, scores, g):
+    """scores[g, :n] = scale * (queries[q_row] . key j), key j at keys[first_k_row + j * k_step], j < n."""
+    j = 0
+    while j < n and j + LANES <= block_size:   # eight keys at once: the query's vector is loaded once for all
+        k_row = first_k_row + j * k_step        # (keys past n but inside the block are read and ignored)
+        s0, s1, s2, s3, s4, s5, s6, s7 = zero8(), zero8(), zero8(), zero8(), zero8(), zero8(), zero8(), zero8()
+        for c in range(0, vector_end, LANES):
+            q = load8(queries, q_row, c)
+            s0 = fma8(q, load8(keys, k_row, c), s0)
+            s1 = fma8(q, load8(keys, k_row + k_step, c), s1)
+            s2 = fma8(q, load8(keys, k_row + 2 * k_step, c), s2)
+            s3 = fma8(q, load8(keys, k_row + 3 * k_step, c), s3)
+            s4 = fma8(q, load8(keys, k_row + 4 * k_step, c), s4)
+            s5 = fma8(q, load8(keys, k_row + 5 * k_step, c), s5)
+            s6 = fma8(q, load8(keys, k_row + 6 * k_step, c), s6)
+            s7 = fma8(q, load8(keys, k_row + 7 * k_step, c), s7)
+        store8(scores, g, j, sums8(s0, s1, s2, s3, s4, s5, s6, s7) * splat8(scale))
+        for d in range(vector_end, queries.shape[1]):         # the last D % 8 columns, key by key
+            for i in range(LANES):
+                scores[g, j + i] += scale * queries[q_row, d] * keys[k_row + i * k_step, d]
+        j += LANES
+    for j in range(j, n):                                     # blocks of fewer than eight keys
+        scores[g, j] = scale * _dot(queries, q_row, keys, first_k_row + j * k_step, vector_end)
+
+
+@njit(inline="always")
+def _add_weighted_values(acc, g, correction, scores, values, first_v_row, v_step, n, vector_end):
+    """acc[g] = correction * acc[g] + sum_{j < n} scores[g, j] * values[first_v_row + j * v_step]."""
+    for c in range(0, vector_end, LANES):
+        even, odd = load8(acc, g, c) * splat8(correction), zero8()   # two running sums: two FMAs in flight
+        for j in range(0, n - 1, 2):
+            even = fma8(splat8(scores[g, j]), load8(values, first_v_row + j * v_step, c), even)
+            odd = fma8(splat8(scores[g, j + 1]), load8(values, first_v_row + (j + 1) * v_step, c), odd)
+        if n % 2:
+            even = fma8(splat8(scores[g, n - 1]), load8(values, first_v_row + (n - 1) * v_step, c), even)
+        store8(acc, g, c, even + odd)
+    for d in range(vector_end, acc.shape[1]):
+        total = acc[g, d] * correction
+        for j in range(n):
+            total += scores[g, j] * values[first_v_row + j * v_step, d]
+        acc[g, d] = total
+
+
+@njit(parallel=True, nogil=True, cache=True)
 def _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out):
     num_rows, num_heads, head_dim = query.shape                 # query, out: (T, Hq, D)
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]  # caches: (N, bs, Hkv, D)
+    num_blocks, block_size, num_kv_heads = k_cache.shape[:3]    # caches: (N, bs, Hkv, D)
     group = num_heads // num_kv_heads
+    vector_end = head_dim - head_dim % LANES                    # columns taken eight at a time
+    queries = query.reshape(num_rows * num_heads, head_dim)     # (T Hq, D): head h of row t at t Hq + h
+    keys = k_cache.reshape(num_blocks * block_size * num_kv_heads, head_dim)  # (N bs Hkv, D): (b bs + j) Hkv + h
+    values = v_cache.reshape(num_blocks * block_size * num_kv_heads, head_dim)
+    outs = out.reshape(num_rows * num_heads, head_dim)
+    padded = (block_size + LANES - 1) // LANES * LANES
     seq_of_row = np.empty(num_rows, dtype=np.int64)             # (T,) the sequence each query row belongs to
     for seq in range(context_lens.shape[0]):
         seq_of_row[query_start_loc[seq]:query_start_loc[seq + 1]] = seq
@@ -49,36 +121,34 @@ def _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, con
         row, kv_head = pair // num_kv_heads, pair % num_kv_heads
         seq = seq_of_row[row]
         visible = context_lens[seq] - (query_start_loc[seq + 1] - row) + 1  # causal: keys 0..own position
-        first_head = kv_head * group                            # query heads first_head.. share this KV head
+        first_q_row = row * num_heads + kv_head * group         # query heads sharing this KV head: group rows on
         m = np.full(group, -np.inf, dtype=np.float32)           # (group,) running max score
         l = np.zeros(group, dtype=np.float32)                   # (group,) running sum of weights
         acc = np.zeros((group, head_dim), dtype=np.float32)     # (group, D) running sum of weight * value
-        scores = np.empty((group, block_size), dtype=np.float32)  # (group, bs) one block's scores
+        scores = np.empty((group, padded), dtype=np.float32)    # (group, bs rounded up to 8) one block's scores
         for first in range(0, visible, block_size):
             block = block_tables[seq, first // block_size]
             n = min(block_size, visible - first)                # keys of this block the row may see
+            first_kv_row = block * block_size * num_kv_heads + kv_head
             for g in range(group):
-                block_max = -np.inf
-                for j in range(n):
-                    score = np.float32(0.0)
-                    for d in range(head_dim):
-                        score += query[row, first_head + g, d] * k_cache[block, j, kv_head, d]
-                    scores[g, j] = score * scale
+                _block_scores(queries, first_q_row + g, keys, first_kv_row, num_kv_heads, n, block_size, vector_end,
+                              np.float32(scale), scores, g)
+                block_max = scores[g, 0]
+                for j in range(1, n):
                     block_max = max(block_max, scores[g, j])
                 new_m = max(m[g], block_max)
                 correction = np.exp(m[g] - new_m)               # rescale what was summed (exp(-inf) = 0 at first)
-                l[g] *= correction
-                for d in range(head_dim):
-                    acc[g, d] *= correction
                 m[g] = new_m
+                for j in range(0, n, LANES):                    # weights exp(score - m), eight at a time
+                    store8(scores, g, j, exp8(load8(scores, g, j) - splat8(new_m)))
+                total = l[g] * correction
                 for j in range(n):
-                    weight = np.exp(scores[g, j] - new_m)
-                    l[g] += weight
-                    for d in range(head_dim):
-                        acc[g, d] += weight * v_cache[block, j, kv_head, d]
+                    total += scores[g, j]
+                l[g] = total
+                _add_weighted_values(acc, g, correction, scores, values, first_kv_row, num_kv_heads, n, vector_end)
         for g in range(group):
             for d in range(head_dim):
-                out[row, first_head + g, d] = acc[g, d] / l[g]
+                outs[first_q_row + g, d] = acc[g, d] / l[g]
 
 
 def _host_view(tensor: torch.Tensor, name: str) -> np.ndarray:
