@@ -129,9 +129,15 @@ $(PEERS)/vllm/.installed:
 	$(PEERS)/vllm/bin/vllm --version
 	touch $@
 
+# Built for this CPU (-march=native), but without ggml's AMX kernels: on Xeons with AMX they crashed (SIGSEGV in
+# ggml_backend_amx_mul_mat) on every quantized model, Q4_1 and Q8_0 alike. --no-cache-dir: a wheel built before
+# with other flags is not reused.
+LLAMA_CFLAGS := -march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+
 $(PEERS)/llamacpp/.installed:
 	$(PYTHON) -m venv $(PEERS)/llamacpp
-	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" $(PEERS)/llamacpp/bin/python -m pip -qq install "$(LLAMA_CPP)"
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_CURL=OFF '-DCMAKE_C_FLAGS=$(LLAMA_CFLAGS)' '-DCMAKE_CXX_FLAGS=$(LLAMA_CFLAGS)'" \
+		$(PEERS)/llamacpp/bin/python -m pip -qq install --no-cache-dir "$(LLAMA_CPP)"
 	$(PEERS)/llamacpp/bin/python -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
 	touch $@
 

@@ -106,6 +106,19 @@ def test_a_failing_peer_is_reported_with_its_error_and_log(fake_peers):
     broken.close()
 
 
+@pytest.mark.parametrize("failure", ["fail_load", "fail_generate"])
+def test_a_peer_that_crashes_is_left_out_and_the_others_are_measured(fake_peers, failure):
+    out = run_bench("tiny", SMALL, systems=["minibatch-continuous", FakePeer(fake_peers, **{failure: True})],
+                    online=False, physical=False, use_tqdm=False)
+    assert list(out["offline"]["systems"]) == ["minibatch-continuous"]                  # measured in full
+    assert [r["requests"] for r in out["offline"]["systems"]["minibatch-continuous"]["by_batch_size"]] == [2, 3]
+    assert {o["system"] for o in out["offline"]["order"]} == {"minibatch-continuous"}
+    why = out["skipped"]["fake-peer"]
+    assert why.startswith("failed while running: a fake peer")
+    assert ("exit code 3" if failure == "fail_load" else "no tokens today") in why
+    assert "skipped fake-peer: failed while running" in report.text(out)
+
+
 def test_missing_peers_are_skipped_with_the_command_that_installs_them(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIBATCH_PEERS", str(tmp_path / "nothing-here"))
     assert external.peer_python("vllm") is None

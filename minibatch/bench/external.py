@@ -59,6 +59,10 @@ def install_hint(peer: str) -> str:
     return f"not installed: `{INSTALL[peer]}` installs it into {peers_dir() / peer} (`make peers` installs both)"
 
 
+class PeerFailed(RuntimeError):
+    """A peer's runner ended without answering, or answered with an error: the benchmark goes on without it."""
+
+
 class Runner:
     """One runner script in a peer's Python: handed its spec at once (it loads meanwhile), then asked job after job."""
 
@@ -95,11 +99,11 @@ class Runner:
         line = self.process.stdout.readline()
         if not line:
             self.process.wait(timeout=self.wait_s)
-            raise RuntimeError(f"{self.name} ended without answering (exit code {self.process.returncode}); "
+            raise PeerFailed(f"{self.name} ended without answering (exit code {self.process.returncode}); "
                                f"the end of its log:\n{self.log_tail()}")
         reply = json.loads(line)
         if "error" in reply:
-            raise RuntimeError(f"{self.name} failed:\n{reply['error']}\nthe end of its log:\n{self.log_tail()}")
+            raise PeerFailed(f"{self.name} failed:\n{reply['error']}\nthe end of its log:\n{self.log_tail()}")
         return reply
 
     def log_tail(self, chars: int = 3000) -> str:

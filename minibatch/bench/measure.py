@@ -4,8 +4,10 @@ Runs are interleaved (A B C D, A B C D, ...) rather than grouped (A A A, B B B),
 machine's speed during the benchmark (another program, the CPU heating up) falls on every system
 alike. Each measured run's outputs are compared with the greedy reference of the system's dtype
 (exactly, or by the near-tie rule: see check.py); a system is verified only if every one of its runs
-matched. A system that runs only some max batch sizes (llama.cpp: batch 1) sits out the others. The
-order the runs actually took is kept with the results.
+matched. A system that runs only some max batch sizes (llama.cpp: batch 1) sits out the others. A peer
+that fails (its runner crashes or reports an error) is left out of every run after that, and the
+reason is kept with the results; the other systems run on. The order the runs actually took is kept
+with the results.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minibatch.bench.check import merge
+from minibatch.bench.external import PeerFailed
 from minibatch.bench.workloads import BenchWorkload, poisson_arrivals
 
 ONLINE_METRICS = ("throughput_tok_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s", "mean_e2e_s")
@@ -40,32 +43,44 @@ def run_offline(systems, workload: BenchWorkload, references: dict, batch_sizes,
     """Every system at every max batch size it runs, `reps` interleaved times; each system's best batch size.
     At max batch size 1, only the first `batch_one_requests` requests (None: all) are served."""
     order, runs = [], {s.name: {bs: [] for bs in batch_sizes if runs_at(s, bs)} for s in systems}
+    failed = {}                                           # {name: why} of the peers that failed
     total = sum(reps for s in systems for bs in batch_sizes if runs_at(s, bs))
+
+    def attempt(system, action):
+        """action(), or None with the system left out from now on if the peer fails."""
+        try:
+            return action()
+        except PeerFailed as error:
+            failed[system.name] = str(error)
+            system.close()
+            return None
+
     with tqdm(total=total, desc="offline", unit="run", disable=not use_tqdm) as bar:
         for bs in batch_sizes:
-            here = [s for s in systems if runs_at(s, bs)]
+            here = [s for s in systems if runs_at(s, bs) and s.name not in failed]
             n = batch_one_requests if bs == 1 and batch_one_requests else len(workload.prompts)
             served, refs = workload.head(n), {k: r.head(n) for k, r in references.items()}
             for system in here:
                 system.prepare(bs, workload.max_len)
             for system in here:                       # every engine loaded before any run is timed
-                system.wait_ready()
+                attempt(system, system.wait_ready)
             for rep in range(reps):
-                for system in here:
+                for system in (s for s in here if s.name not in failed):
                     bar.set_postfix_str(f"{system.name} batch {bs}")
-                    result = system.offline(served.prompts, served.output_lens)
-                    runs[system.name][bs].append((result, check(system, result.outputs, refs)))
-                    order.append({"system": system.name, "batch_size": bs, "rep": rep})
+                    result = attempt(system, lambda: system.offline(served.prompts, served.output_lens))
+                    if result is not None:
+                        runs[system.name][bs].append((result, check(system, result.outputs, refs)))
+                        order.append({"system": system.name, "batch_size": bs, "rep": rep})
                     bar.update(1)
             for system in here:
                 system.release()
     for system in systems:
         system.close()
-    out = {"order": order, "systems": {}}
+    out = {"order": order, "systems": {}, "failed": failed}
     for system in systems:
         rows, matches = [], []
-        if not runs[system.name]:
-            continue                                      # no batch size it runs was measured
+        if not runs[system.name] or system.name in failed:
+            continue                                      # no batch size it runs was measured, or it failed
         for bs in runs[system.name]:
             results, row_matches = zip(*runs[system.name][bs])
             matches.append(merge(row_matches))

@@ -99,6 +99,9 @@ def run_bench(model: str = "smollm2-135m", scale: Scale = QUICK, systems=SYSTEM_
                             "output_tokens": workload.output_tokens, "reference_seconds": time.perf_counter() - start}}
     results["offline"] = measure.run_offline(systems, workload, references, scale.batch_sizes, scale.reps, use_tqdm,
                                              scale.batch_one_requests)
+    for name, why in results["offline"]["failed"].items():     # a peer that crashed: reported, left out
+        skipped[name] = f"failed while running: {why}"
+    systems = [s for s in systems if s.name not in skipped]
     size = ModelSize.of(hf_model.config)
     for system in systems:
         if system.name in results["offline"]["systems"]:
