@@ -9,10 +9,12 @@ once, in order, and multiplies it into every row of the batch while it is in cac
 
     out[t, n] = residual[t, n] + sum_k x[t, k] * weight[n, k]      (residual optional)
 
-The rows of x are taken eight at a time, then four, then one (`_rows8`, `_rows4`, `_row1`), and
-the loop is written in eight-float vectors (`kernels.lanes`): eight weights are loaded into a
-register once and multiplied into eight (or four) running sums, one per row, so the loop does
-eight vector multiply-adds per weight vector it loads. At the end the eight sums are reduced
+The rows of x are taken eight at a time, then four (`_rows8`, `_rows4`), and the loop is written
+in eight-float vectors (`kernels.lanes`): eight weights are loaded into a register once and
+multiplied into eight (or four) running sums, one per row, so the loop does eight vector
+multiply-adds per weight vector it loads. The last rows % 4 rows (all of them at batch 1) go the
+other way round: one row of x against four weight rows side by side (`_row1_outputs4`), so four
+streams from memory are in flight at once rather than one. At the end the sums are reduced
 together (`sums8`), and the last K % 8 columns, if any, one by one. Threads split the output rows
 in chunks (`prange`), so each thread streams its own part of the weight and no two threads write
 the same output. Results equal `F.linear`'s up to the order of the additions.
@@ -34,13 +36,13 @@ the 30 layers' products of SmolLM2-135M, 425 MB, read from memory as in a real s
 interleaved runs), against oneDNN with the weight prepacked and MKL's `F.linear`:
 
     rows          1        2        4        6        8       12       16
-    oneDNN     24.4 ms  23.7 ms  24.3 ms  25.4 ms  27.9 ms  30.8 ms  35.5 ms
-    F.linear   18.7 ms  19.2 ms  30.5 ms  32.3 ms  37.5 ms  43.5 ms  43.4 ms
-    streamed   24.5 ms  23.9 ms  22.1 ms  25.6 ms  27.5 ms  31.7 ms  39.3 ms
+    oneDNN     28.4 ms  28.3 ms  28.3 ms  29.4 ms  33.4 ms  37.1 ms  41.4 ms
+    F.linear   20.4 ms  21.7 ms  34.5 ms  36.2 ms  41.8 ms  50.2 ms  48.1 ms
+    streamed   20.8 ms  23.4 ms  25.8 ms  32.9 ms  29.0 ms  36.3 ms  41.2 ms
 
-One row is faster through MKL's `F.linear` on that Xeon: it keeps more of the weight in flight.
-A version of `_row1` that reads four weight rows at once measured 12% faster than this one there
-(in a synthetic test of the same shapes); it is not built yet.
+(a slower hour than the figures above). Before `_row1_outputs4`, one row through this loop took
+1.2-1.3x MKL's `F.linear` there. With it, whole decode steps at batch 1 took 24.9 ms against
+28.5-31.8 ms without (three interleaved pairs of processes); at batch 8 it changes nothing.
 
 So `models.linear.Linear` uses this loop for up to STREAM_ROWS rows, and oneDNN above.
 Compiled code is cached on disk (`cache=True`).
@@ -118,24 +120,47 @@ def _row1(weight, x, n, t, ahead, out):
     out[t, n] = sum8(s0) + sum8(s1) + _rest(weight, x, n, t, last)
 
 
+@njit(inline="always")
+def _row1_outputs4(weight, x, n, t, ahead, out):
+    """out[t, n:n+4] = x[t] . weight[n:n+4]: four weight rows read side by side, four running sums."""
+    s0, s1, s2, s3 = zero8(), zero8(), zero8(), zero8()
+    last = weight.shape[1] - weight.shape[1] % LANES
+    for k in range(0, last, LANES):
+        if k % LINE == 0:
+            for i in range(4):
+                prefetch(weight, ahead + i, k)
+        v = load8(x, t, k)                                       # x[t, k:k+8], loaded once for four rows
+        s0, s1 = fma8(load8(weight, n, k), v, s0), fma8(load8(weight, n + 1, k), v, s1)
+        s2, s3 = fma8(load8(weight, n + 2, k), v, s2), fma8(load8(weight, n + 3, k), v, s3)
+    sums = sums8(s0, s1, s2, s3, zero8(), zero8(), zero8(), zero8())
+    for i in range(4):
+        out[t, n + i] = lane(sums, i) + _rest(weight, x, n + i, t, last)
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _stream(x, weight, residual, add_residual, out):
     rows = x.shape[0]                                      # x: (T, K), weight: (N, K), residual, out: (T, N)
     num_outputs = weight.shape[0]
+    whole_fours = rows - rows % 4                          # rows taken eight or four at a time
     for task in prange((num_outputs + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        for n in range(task * ROWS_PER_TASK, min(num_outputs, (task + 1) * ROWS_PER_TASK)):
+        first, end = task * ROWS_PER_TASK, min(num_outputs, (task + 1) * ROWS_PER_TASK)
+        for n in range(first, end if whole_fours else first):   # weight row by weight row (none at 1-3 rows)
             ahead = min(n + PREFETCH_AHEAD, num_outputs - 1)
             t = 0
-            while t + 8 <= rows:
+            while t + 8 <= whole_fours:
                 _rows8(weight, x, n, t, ahead, out)
                 t += 8
-            while t + 4 <= rows:
+            if t < whole_fours:
                 _rows4(weight, x, n, t, ahead, out)
-                t += 4
-            while t < rows:
-                _row1(weight, x, n, t, ahead, out)
-                t += 1
-            if add_residual:
+        for t in range(whole_fours, rows):                 # the last rows % 4 rows, four weight rows at a time
+            n = first
+            while n + 4 <= end:
+                _row1_outputs4(weight, x, n, t, min(n + 4 * PREFETCH_AHEAD, num_outputs - 4), out)
+                n += 4
+            for n in range(n, end):
+                _row1(weight, x, n, t, min(n + PREFETCH_AHEAD, num_outputs - 1), out)
+        if add_residual:
+            for n in range(first, end):
                 for t in range(rows):
                     out[t, n] += residual[t, n]
 
