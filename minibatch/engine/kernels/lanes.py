@@ -172,6 +172,7 @@ _div8 = _lanewise(lambda builder, a, b: builder.fdiv(a, b))
 max8 = _lanewise(lambda builder, a, b: _llvm_vector_call(builder, "llvm.maxnum.v8f32", [a, b]))
 min8 = _lanewise(lambda builder, a, b: _llvm_vector_call(builder, "llvm.minnum.v8f32", [a, b]))
 
+
 def _as_operator(python_operator, lanewise):
     """Let kernels write `a * b` for lanewise(a, b) on two float32x8."""
     @overload(python_operator)
