@@ -8,10 +8,11 @@ from minibatch.engine.models.llama import rms_norm
 H, HKV, D = 6, 2, 16
 
 
-def test_rms_norm_matches_torch():
+@pytest.mark.parametrize("width", [96, 100, 13])       # sixteen at a time, then the rest one by one
+def test_rms_norm_matches_torch(width):
     gen = torch.Generator().manual_seed(0)
     for rows in (1, 3, 40):
-        x, weight = torch.randn(rows, 96, generator=gen) * 3, torch.randn(96, generator=gen)
+        x, weight = torch.randn(rows, width, generator=gen) * 3, torch.randn(width, generator=gen)
         torch.testing.assert_close(fused_cpu.rms_norm(x, weight, 1e-5), rms_norm(x, weight, 1e-5), rtol=1e-6, atol=1e-6)
 
 

@@ -49,9 +49,11 @@ def test_quantized_layers_compute_what_their_parts_compute(model, quantization, 
     assert rows and set(rows) <= {1, 2}
 
 
-def test_silu_times_up_matches_torch():
-    gate_up = torch.randn(3, 2 * 40, generator=torch.Generator().manual_seed(0)) * 4        # (T, 2 I)
-    out = np.empty((3, 40), np.float32)
+@pytest.mark.parametrize("inter", [40, 43, 3 * layer_cpu.SILU_CHUNK + 5])    # vectors, a tail, several chunks
+def test_silu_times_up_matches_torch(inter):
+    gate_up = torch.randn(3, 2 * inter, generator=torch.Generator().manual_seed(0)) * 4     # (T, 2 I)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -30.0])                            # exp's far ends
+    out = np.empty((3, inter), np.float32)
     layer_cpu._silu_mul(gate_up.numpy(), out)
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(torch.from_numpy(out), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
