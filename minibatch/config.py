@@ -55,8 +55,8 @@ class EngineConfig:
     max_model_len: int | None = knob(None, "longest prompt + output; None takes the model's context, capped at 4096")
     quantization: str | None = knob(None, "weight format on CPU: None (fp32), 'q8_0' (8-bit blocks quantised at load), "
                                           "'q4_1' (the smollm2-135m GGUF file's own 4-bit blocks)")
-    attention_backend: str = knob("auto", "'auto' ('numba' on a CPU in float32, else 'torch'), 'torch' (the "
-                                          "readable reference), 'numba' (CPU kernels), 'numba-cuda' (GPU kernels)")
+    attention_backend: str = knob("auto", "'auto' ('numba' on a CPU in float32 or bfloat16, else 'torch'), 'torch' "
+                                          "(the readable reference), 'numba' (CPU kernels), 'numba-cuda' (GPU kernels)")
     clock: str = knob("real", "'real' wall-clock time; 'simulated' time from a cost model")
     sim_profile: str = knob("smollm2-135m-cpu", "clock='simulated': the cost model, a shipped profile name or a "
                                                 "profile JSON path")

@@ -5,7 +5,8 @@ the same weights and the machine's noise hits both alike; each round generates `
 tokens for a batch of prompts, and the decode-only steps of the round give its step times. Prints the
 median decode-step time of each way per batch size, their ratio, and whether the tokens were the same.
 
-    OMP_NUM_THREADS=2 NUMBA_NUM_THREADS=2 python scripts/layer_ab.py [--quantization q4_1] [--batch-sizes 1 4 8]
+    OMP_NUM_THREADS=2 NUMBA_NUM_THREADS=2 python scripts/layer_ab.py [--quantization q4_1 | --dtype bfloat16]
+        [--batch-sizes 1 4 8]
 """
 import argparse
 import statistics
@@ -17,13 +18,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--quantization", default=None, choices=[None, "q8_0", "q4_1"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are printed")
     parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()
-    llm = LLM(EngineConfig(model=args.model, quantization=args.quantization, max_batch_size=max(args.batch_sizes)))
+    llm = LLM(EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization,
+                           max_batch_size=max(args.batch_sizes)))
     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
-    print(f"{args.model}, weights {args.quantization or 'float32'}: median decode step over {args.rounds} rounds")
+    print(f"{args.model}, {args.dtype}, weights {args.quantization or args.dtype}: median decode step over "
+          f"{args.rounds} rounds")
     print(f"{'batch':>5} {'whole layers':>13} {'part by part':>13} {'ratio':>6}  same tokens")
     for batch in args.batch_sizes:
         prompts = [f"Write a short note about the number {i}." for i in range(batch)]

@@ -16,13 +16,27 @@ def test_rms_norm_matches_torch(width):
         torch.testing.assert_close(fused_cpu.rms_norm(x, weight, 1e-5), rms_norm(x, weight, 1e-5), rtol=1e-6, atol=1e-6)
 
 
-def test_rotary_write_kv_equals_the_torch_path():
+@pytest.mark.parametrize("width", [96, 100, 13])
+def test_rms_norm_in_bfloat16_rounds_where_transformers_rounds(width):
+    """In bfloat16 the scaled row is rounded before the weight multiplies it, then the product: the torch
+    path's two roundings. Only the sum of squares' order differs, which moves a value one bfloat16 step at most."""
+    gen = torch.Generator().manual_seed(2)
+    x = (torch.randn(40, width, generator=gen) * 3).bfloat16()
+    weight = (1 + 0.2 * torch.randn(width, generator=gen)).bfloat16()
+    fused, reference = fused_cpu.rms_norm(x, weight, 1e-5), rms_norm(x, weight, 1e-5)
+    assert fused.dtype == torch.bfloat16
+    assert (fused != reference).float().mean() < 0.01
+    torch.testing.assert_close(fused.float(), reference.float(), rtol=2 ** -7, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_write_kv_equals_the_torch_path(dtype):
     gen = torch.Generator().manual_seed(1)
     rows, positions = 5, torch.tensor([0, 7, 3, 30, 12])
-    qkv = torch.randn(rows, (H + 2 * HKV) * D, generator=gen)                 # (T, (H + 2 Hkv) D)
-    cos, sin = torch.randn(32, D, generator=gen), torch.randn(32, D, generator=gen)  # (P, D)
+    qkv = torch.randn(rows, (H + 2 * HKV) * D, generator=gen).to(dtype)       # (T, (H + 2 Hkv) D)
+    cos, sin = (torch.randn(32, D, generator=gen).to(dtype) for _ in range(2))  # (P, D)
     slots = torch.tensor([9, 2, 17, 30, 5])
-    caches = [torch.zeros(4, 8, HKV, D) for _ in range(4)]                    # (N, bs, Hkv, D)
+    caches = [torch.zeros(4, 8, HKV, D, dtype=dtype) for _ in range(4)]       # (N, bs, Hkv, D)
     q = fused_cpu.rotary_write_kv(qkv, positions, cos, sin, caches[0], caches[1], slots, H)
     qk, v = qkv.split([(H + HKV) * D, HKV * D], dim=-1)
     qk = qk.reshape(rows, H + HKV, D)
@@ -40,10 +54,11 @@ def test_rotary_write_kv_refuses_a_slot_outside_the_cache():
                                   torch.tensor([8]), H)
 
 
-def test_only_plain_kv_backends_and_float32_cpu_take_the_fused_path():
+def test_only_plain_kv_backends_and_float32_or_bfloat16_cpu_take_the_fused_path():
     assert fused_cpu.writes_plain_kv(torch_ref) and fused_cpu.writes_plain_kv(numba_cpu)
     assert not fused_cpu.writes_plain_kv(object())
-    assert fused_cpu.supports(torch.zeros(1)) and not fused_cpu.supports(torch.zeros(1, dtype=torch.bfloat16))
+    assert fused_cpu.supports(torch.zeros(1)) and fused_cpu.supports(torch.zeros(1, dtype=torch.bfloat16))
+    assert not fused_cpu.supports(torch.zeros(1, dtype=torch.float16))
 
 
 def test_kept_views_follow_their_tensor_and_are_forgotten_with_it():

@@ -155,9 +155,23 @@ def test_numba_refuses_bad_input():
     batch["context_lens"] = [100]                                    # more tokens than its 1 block holds
     with pytest.raises(ValueError, match="context_lens"):
         run_attention("numba", batch)
-    batch["context_lens"], batch["query"] = [8], batch["query"].bfloat16()
-    with pytest.raises(ValueError, match="float32"):
+    batch["context_lens"], batch["query"] = [8], batch["query"].half()
+    with pytest.raises(ValueError, match="float32 and bfloat16"):
         run_attention("numba", batch)
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 16])
+@pytest.mark.parametrize("group", [1, 3])
+def test_numba_in_bfloat16_reads_the_cache_bits_and_rounds_only_its_output(block_size, group):
+    """bfloat16 queries and caches, read as bits and widened: the scores, softmax and sums are float32, so the
+    output is the float32 attention of the same bfloat16 values, rounded once (within one bfloat16 step)."""
+    batch = make_batch(MIXED, block_size, 2, group, 64, seed=3)
+    rounded = {**batch, **{k: batch[k].bfloat16() for k in ("query", "k_cache", "v_cache")}}
+    out = run_attention("numba", rounded)
+    assert out.dtype == torch.bfloat16
+    expected = naive_attention({**rounded, **{k: rounded[k].float() for k in ("query", "k_cache", "v_cache")}},
+                               64 ** -0.5)
+    torch.testing.assert_close(out.float(), expected, atol=1e-5, rtol=2 ** -8)
 
 
 def _gpu_visible_to_numba():

@@ -5,6 +5,7 @@ import torch
 
 from minibatch import LLM, EngineConfig, SamplingParams
 from minibatch.engine.kernels import layer_cpu, numba_cpu, torch_ref
+from minibatch.engine.kernels.bfloat16 import host_view
 
 PROMPTS = ["The cat sat on", "Once upon a time, in a land far away,", "1, 2, 3,", "Paris is the capital of"]
 
@@ -22,7 +23,7 @@ def _steps_through_whole_layers(llm, monkeypatch) -> list[int]:
     return rows
 
 
-def _same_tokens_and_log_probabilities(whole, parts, monkeypatch, prompts=PROMPTS, tokens=12) -> list[int]:
+def _same_tokens_and_log_probabilities(whole, parts, monkeypatch, prompts=PROMPTS, tokens=12, atol=1e-4) -> list[int]:
     """Generate with both engines; return the row counts of the forwards that ran the compiled layers."""
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True, logprobs=3)
     rows = _steps_through_whole_layers(whole, monkeypatch)
@@ -31,13 +32,23 @@ def _same_tokens_and_log_probabilities(whole, parts, monkeypatch, prompts=PROMPT
         assert a.token_ids == b.token_ids
         for got, want in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):   # {token: logprob}: top tokens, each step
             assert got.keys() == want.keys()
-            assert np.allclose(list(got.values()), list(want.values()), atol=1e-4)
+            assert np.allclose(list(got.values()), list(want.values()), atol=atol)
     return rows
 
 
 def test_greedy_tokens_and_log_probabilities_equal_the_part_by_part_layers(monkeypatch):
     rows = _same_tokens_and_log_probabilities(_engine(True), _engine(False), monkeypatch)
     assert rows and set(rows) <= {1, 2, 3, 4}                     # the decode steps took it; the prefill did not
+
+
+@pytest.mark.parametrize("model", ["tiny", "smollm2-135m"])
+def test_bfloat16_layers_compute_what_their_parts_compute(model, monkeypatch):
+    """bfloat16 runs the same compiled layer (its arrays as bits): the same tokens, log-probabilities within
+    SiLU's rounding (torch's exp and the kernel's round a few values to neighbouring bfloat16s)."""
+    whole, parts = (_engine(flag, model=model, dtype="bfloat16") for flag in (True, False))
+    assert whole.engine.attention_backend == "numba" and whole.engine.model.fused
+    rows = _same_tokens_and_log_probabilities(whole, parts, monkeypatch, PROMPTS[:3], tokens=8, atol=0.05)
+    assert rows and set(rows) <= {1, 2, 3}
 
 
 @pytest.mark.parametrize("model,quantization", [("tiny", "q8_0"), ("smollm2-135m", "q4_1")])
@@ -57,6 +68,12 @@ def test_silu_times_up_matches_torch(inter):
     layer_cpu._silu_mul(gate_up.numpy(), out)
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(torch.from_numpy(out), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
+    halves = torch.empty(3, inter, dtype=torch.bfloat16)                # in bfloat16: SiLU rounded, then times up
+    layer_cpu._silu_mul(host_view(gate_up.bfloat16()), host_view(halves))
+    gate, up = gate_up.bfloat16().chunk(2, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    assert (halves != expected).float().mean() < 0.01
+    torch.testing.assert_close(halves.float(), expected.float(), rtol=2 ** -7, atol=1e-6)
 
 
 def test_only_decode_steps_with_the_numba_backend_and_compiled_products_take_it():

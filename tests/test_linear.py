@@ -1,4 +1,5 @@
 """Every matrix-product path of `Linear`: the same result as F.linear for every shape, row count and thread count."""
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -79,7 +80,7 @@ def test_add_to_adds_the_residual_on_every_path_and_row_count(path, rows, k, n, 
     torch.testing.assert_close(out, residual + F.linear(x, weight), rtol=1e-5, atol=1e-4)
 
 
-def test_a_few_fp32_rows_are_streamed_and_other_dtypes_are_not(monkeypatch):
+def test_a_few_fp32_or_bf16_rows_are_streamed_and_other_dtypes_are_not(monkeypatch):
     import minibatch.engine.models.linear as linear_module
     calls = []
     streamed = linear_module.streamed_linear
@@ -89,7 +90,25 @@ def test_a_few_fp32_rows_are_streamed_and_other_dtypes_are_not(monkeypatch):
     for rows in counts:
         product(torch.randn(rows, 4))
     assert calls == [r for r in counts if r <= STREAM_ROWS] and STREAM_ROWS + 1 not in calls
-    assert Linear(torch.randn(6, 4, dtype=torch.bfloat16), "weight-first").streamed is None
+    assert Linear(torch.randn(6, 4, dtype=torch.float16), "weight-first").streamed is None
+    assert Linear(torch.randn(6, 4, dtype=torch.bfloat16), "weight-first").streamed.dtype == np.uint16  # its bits
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 11])
+def test_the_streamed_loop_in_bfloat16_rounds_the_product_then_its_sum_with_the_residual(rows):
+    """bfloat16 weights and rows, multiplied in float32 (each product of two bfloat16s is exact there) and
+    rounded once, as oneDNN and MKL's bfloat16 products do; with a residual the sum is rounded again, as
+    transformers' `residual + product` is."""
+    generator = torch.Generator().manual_seed(rows)
+    x, weight = (torch.randn(shape, generator=generator).bfloat16() for shape in ((rows, 77), (45, 77)))
+    residual = torch.randn(rows, 45, generator=generator).bfloat16()
+    product = Linear(weight, "weight-first")
+    exact = F.linear(x.float(), weight.float())                                    # (T, N) in float32
+    out, with_residual = product(x), product.add_to(residual, x)
+    assert out.dtype == with_residual.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), exact.bfloat16().float(), rtol=2 ** -8, atol=1e-6)
+    assert (out != exact.bfloat16()).float().mean() < 0.02            # only where the sum's order rounds the other way
+    assert torch.equal(with_residual, residual + out)
 
 
 @pytest.mark.parametrize("rows", range(1, 22))

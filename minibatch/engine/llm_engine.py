@@ -34,9 +34,12 @@ def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtyp
     device = torch.device("cuda" if use_cuda else "cpu")
     name = config.dtype if config.dtype != "auto" else ("bfloat16" if use_cuda else "float32")
     dtype = getattr(torch, name)
-    if config.attention_backend.startswith("numba") and dtype != torch.float32:
+    if config.attention_backend == "numba-cuda" and dtype != torch.float32:
         raise ConfigError(f"EngineConfig.dtype={config.dtype!r} is not allowed with attention_backend="
-                          f"{config.attention_backend!r}: the Numba kernels compute in 'float32'")
+                          "'numba-cuda': the Numba CUDA kernels compute in 'float32'")
+    if config.attention_backend == "numba" and dtype not in (torch.float32, torch.bfloat16):
+        raise ConfigError(f"EngineConfig.dtype={config.dtype!r} is not allowed with attention_backend='numba': "
+                          "the Numba CPU kernels compute in 'float32' or 'bfloat16'")
     return device, dtype
 
 

@@ -70,12 +70,12 @@ class AttentionMetadata:
 
 
 def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
-    """The backend `attention_backend="auto"` stands for: the Numba kernel on a CPU in float32 (it reads
-    K/V in place and vectorises, the fastest measured there), the torch reference everywhere else
-    (other dtypes, and GPUs, where PyTorch's fused attention is the fast path). Other names are kept."""
+    """The backend `attention_backend="auto"` stands for: the Numba kernel on a CPU in float32 or bfloat16
+    (it reads K/V in place and vectorises, the fastest measured there), the torch reference everywhere else
+    (float16, and GPUs, where PyTorch's fused attention is the fast path). Other names are kept."""
     if name != "auto":
         return name
-    return "numba" if device.type == "cpu" and dtype == torch.float32 else "torch"
+    return "numba" if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) else "torch"
 
 
 def get_backend(name: str):

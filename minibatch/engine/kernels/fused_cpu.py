@@ -11,10 +11,11 @@ one loop over the rows, compiled once and run on the calling thread:
   rotate the query and key heads of the fused q|k|v product, store the new keys and values in
   their cache slots, and return the rotated queries (T, Hq, D), all in one pass.
 
-Each product and sum is rounded to float32 in the order transformers computes it, so the results
-equal its operators' up to the order of the 576 additions inside a norm's sum of squares (taken
-sixteen at a time in vector registers, `kernels.lanes`, as torch's own reduction does).
-Inputs are float32 CPU tensors handed over as zero-copy numpy views; compiled code is cached on disk.
+Each product and sum is rounded in the order transformers computes it, to float32, or in bfloat16
+where transformers rounds to bfloat16 (`kernels.bfloat16`), so the results equal its operators' up
+to the order of the 576 additions inside a norm's sum of squares (taken sixteen at a time in vector
+registers, `kernels.lanes`, as torch's own reduction does). Inputs are float32 or bfloat16 CPU
+tensors handed over as zero-copy numpy views; compiled code is cached on disk.
 """
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ import numpy as np
 import torch
 from numba import njit
 
+from minibatch.engine.kernels.bfloat16 import as_stored, get, host_view, put, supported
 from minibatch.engine.kernels.lanes import LANES, fma8, load8, sum8, zero8
 
-_C_TYPES = {torch.float32: ctypes.c_float, torch.int64: ctypes.c_int64}
+_C_TYPES = {torch.float32: ctypes.c_float, torch.bfloat16: ctypes.c_uint16, torch.int64: ctypes.c_int64}
 _views: dict[int, tuple[weakref.ref, np.ndarray]] = {}     # id(tensor) -> (the tensor, weakly; its numpy view)
 
 
@@ -42,7 +44,7 @@ def _sum_of_squares(x, t):
         c += 2 * LANES
     squares = sum8(even + odd)
     for c in range(c, width):
-        squares += x[t, c] * x[t, c]
+        squares += get(x, (t, c)) * get(x, (t, c))
     return squares
 
 
@@ -52,18 +54,17 @@ def _rms_norm(x, weight, eps, out):
     for t in range(rows):
         squares = _sum_of_squares(x, t)
         inv_rms = np.float32(1.0) / np.sqrt(squares / np.float32(width) + eps)
-        for c in range(width):
-            out[t, c] = weight[c] * (x[t, c] * inv_rms)
+        for c in range(width):                             # rounded as transformers rounds: the scaled row, then
+            put(out, (t, c), get(weight, c) * as_stored(out, get(x, (t, c)) * inv_rms))      # its product by weight
 
 
 @njit(nogil=True, cache=True)
 def _rotate(x, base, cos, signed_sin, out):
-    """out (D,) = x[base:base + D] * cos + rotate_half(x[base:base + D]) * sin, halves without a modulo."""
+    """out (D,) = x[base:base + D] * cos + rotate_half(x[base:base + D]) * sin."""
     half = out.shape[0] // 2
-    for d in range(half):
-        out[d] = x[base + d] * cos[d] + x[base + d + half] * signed_sin[d]
-    for d in range(half, 2 * half):
-        out[d] = x[base + d] * cos[d] + x[base + d - half] * signed_sin[d]
+    for d in range(2 * half):                              # each product rounded, then their sum
+        pair = base + d + half if d < half else base + d - half       # rotate_half's partner of column d
+        put(out, d, as_stored(out, get(x, base + d) * get(cos, d)) + as_stored(out, get(x, pair) * get(signed_sin, d)))
 
 
 @njit(nogil=True, cache=True)
@@ -90,8 +91,8 @@ PLAIN_KV_WRITE = ("minibatch.engine.kernels.torch_ref", "minibatch.engine.kernel
 
 
 def supports(x: torch.Tensor) -> bool:
-    """Whether these kernels can run on x: float32 on the CPU."""
-    return x.device.type == "cpu" and x.dtype == torch.float32
+    """Whether these kernels can run on x: float32 or bfloat16 on the CPU."""
+    return x.device.type == "cpu" and supported(x.dtype)
 
 
 def writes_plain_kv(backend) -> bool:
@@ -108,7 +109,7 @@ def _kept_view(tensor: torch.Tensor) -> np.ndarray:
     if entry is not None and entry[0]() is tensor:
         return entry[1]
     if not tensor.is_contiguous() or tensor.dtype not in _C_TYPES:
-        return tensor.numpy()
+        return host_view(tensor)
     memory = (_C_TYPES[tensor.dtype] * tensor.numel()).from_address(tensor.data_ptr())
     view = np.ctypeslib.as_array(memory).reshape(tensor.shape)
     _views[key] = (weakref.ref(tensor, lambda _: _views.pop(key, None)), view)
@@ -118,7 +119,7 @@ def _kept_view(tensor: torch.Tensor) -> np.ndarray:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (T, C) scaled to unit root-mean-square, times weight (C,): (T, C)."""
     out = torch.empty_like(x)
-    _rms_norm(x.numpy(), _kept_view(weight), np.float32(eps), out.numpy())
+    _rms_norm(host_view(x), _kept_view(weight), np.float32(eps), host_view(out))
     return out
 
 
@@ -130,6 +131,6 @@ def rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_mapp
     """
     head_dim = k_cache.shape[3]
     q = qkv.new_empty(qkv.shape[0], num_heads, head_dim)
-    _rotary_write_kv(qkv.numpy(), _kept_view(positions), _kept_view(cos), _kept_view(signed_sin),
-                     _kept_view(k_cache), _kept_view(v_cache), _kept_view(slot_mapping), q.numpy())
+    _rotary_write_kv(host_view(qkv), _kept_view(positions), _kept_view(cos), _kept_view(signed_sin),
+                     _kept_view(k_cache), _kept_view(v_cache), _kept_view(slot_mapping), host_view(q))
     return q

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from minibatch.engine.kernels.bfloat16 import as_float32, get, host_view, put
 from minibatch.engine.kernels.lanes import LANES, fma8, lane, load8, prefetch, sum8, sums8, zero8
 
 STREAM_ROWS = 12       # up to this many rows the streamed loop beats a library GEMM (see above)
@@ -66,7 +67,7 @@ def _rest(weight, x, n, t, start):
     """x[t, start:] . weight[n, start:]: the last K % 8 products, one by one (none when 8 divides K)."""
     total = np.float32(0.0)
     for k in range(start, weight.shape[1]):
-        total += x[t, k] * weight[n, k]
+        total += x[t, k] * get(weight, (n, k))
     return total
 
 
@@ -85,7 +86,7 @@ def _rows8(weight, x, n, t, ahead, out):
         s6, s7 = fma8(w, load8(x, t + 6, k), s6), fma8(w, load8(x, t + 7, k), s7)
     sums = sums8(s0, s1, s2, s3, s4, s5, s6, s7)                # [x[t] . weight[n], ..., x[t+7] . weight[n]]
     for i in range(8):
-        out[t + i, n] = lane(sums, i) + _rest(weight, x, n, t + i, last)
+        put(out, (t + i, n), lane(sums, i) + _rest(weight, x, n, t + i, last))
 
 
 @njit(inline="always")
@@ -101,7 +102,7 @@ def _rows4(weight, x, n, t, ahead, out):
         s2, s3 = fma8(w, load8(x, t + 2, k), s2), fma8(w, load8(x, t + 3, k), s3)
     sums = sums8(s0, s1, s2, s3, zero8(), zero8(), zero8(), zero8())
     for i in range(4):
-        out[t + i, n] = lane(sums, i) + _rest(weight, x, n, t + i, last)
+        put(out, (t + i, n), lane(sums, i) + _rest(weight, x, n, t + i, last))
 
 
 @njit(inline="always")
@@ -117,7 +118,7 @@ def _row1(weight, x, n, t, ahead, out):
         k += 2 * LANES
     if k < last:
         s0 = fma8(load8(weight, n, k), load8(x, t, k), s0)
-    out[t, n] = sum8(s0) + sum8(s1) + _rest(weight, x, n, t, last)
+    put(out, (t, n), sum8(s0) + sum8(s1) + _rest(weight, x, n, t, last))
 
 
 @njit(inline="always")
@@ -134,12 +135,13 @@ def _row1_outputs4(weight, x, n, t, ahead, out):
         s2, s3 = fma8(load8(weight, n + 2, k), v, s2), fma8(load8(weight, n + 3, k), v, s3)
     sums = sums8(s0, s1, s2, s3, zero8(), zero8(), zero8(), zero8())
     for i in range(4):
-        out[t, n + i] = lane(sums, i) + _rest(weight, x, n + i, t, last)
+        put(out, (t, n + i), lane(sums, i) + _rest(weight, x, n + i, t, last))
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _stream(x, weight, residual, add_residual, out):
-    rows = x.shape[0]                                      # x: (T, K), weight: (N, K), residual, out: (T, N)
+def _stream(x_stored, weight, residual, add_residual, out):
+    x = as_float32(x_stored)                               # x: (T, K), weight: (N, K), residual, out: (T, N)
+    rows = x.shape[0]
     num_outputs = weight.shape[0]
     whole_fours = rows - rows % 4                          # rows taken eight or four at a time
     for task in prange((num_outputs + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -161,13 +163,15 @@ def _stream(x, weight, residual, add_residual, out):
                 _row1(weight, x, n, t, min(n + PREFETCH_AHEAD, num_outputs - 1), out)
         if add_residual:
             for n in range(first, end):
-                for t in range(rows):
-                    out[t, n] += residual[t, n]
+                for t in range(rows):                      # the product rounded, then its sum with the residual
+                    put(out, (t, n), get(out, (t, n)) + get(residual, (t, n)))
 
 
 def streamed_linear(x: torch.Tensor, weight: np.ndarray, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """x (T, K) float32 times weight (N, K) transposed, plus residual (T, N) if given: (T, N)."""
+    """x (T, K) times weight (N, K) transposed (float32, or bfloat16 as bits), plus residual (T, N) if given:
+    (T, N), in x's dtype."""
     out = x.new_empty(x.shape[0], weight.shape[0])
     add = residual is not None
-    _stream(x.contiguous().numpy(), weight, residual.contiguous().numpy() if add else out.numpy(), add, out.numpy())
+    _stream(host_view(x.contiguous()), weight, host_view(residual.contiguous()) if add else host_view(out), add,
+            host_view(out))
     return out

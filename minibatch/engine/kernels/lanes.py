@@ -8,7 +8,7 @@ instructions (AVX's 256-bit registers on x86, two 128-bit NEON registers on ARM)
 
     zero8()                   [0, 0, 0, 0, 0, 0, 0, 0]
     splat8(s)                 [s, s, s, s, s, s, s, s]
-    load8(a, i, j)            a[i, j:j+8], one load (a float32 2-D array whose rows are contiguous)
+    load8(a, i, j)            a[i, j:j+8], one load (a 2-D array whose rows are contiguous)
     store8(a, i, j, v)        a[i, j:j+8] = v, one store
     a + b, a - b, a * b, a / b  lane by lane
     fma8(a, b, c)             a * b + c lane by lane, fused where the CPU has FMA
@@ -23,7 +23,10 @@ instructions (AVX's 256-bit registers on x86, two 128-bit NEON registers on ARM)
     prefetch(a, i, j)         ask the memory for a[i, j]'s cache line now, before it is needed
                               (into every cache level: x86's prefetcht0)
 
-`load8` and `store8` do not check bounds: their caller keeps j + 8 <= the row's length.
+`load8` and `store8` do not check bounds: their caller keeps j + 8 <= the row's length. They read
+and write float32 arrays, and bfloat16 ones kept as their 16 bits in uint16 arrays (`kernels.bfloat16`):
+a bfloat16 is the top half of a float32, so loading widens each lane and shifts it up 16 bits, and
+storing rounds each float32 to the nearest bfloat16 (ties to even, as torch does) and keeps its top half.
 
 A vector `exp` is not in the list of things a CPU does in one instruction, and without a vector
 math library the compiler calls the scalar `expf` once per lane. `exp8` computes it as C math
@@ -44,7 +47,9 @@ from numba.extending import intrinsic, models, overload, register_model
 LANES = 8
 _VECTOR = ir.VectorType(ir.FloatType(), LANES)            # <8 x float>
 _INTEGERS = ir.VectorType(ir.IntType(32), LANES)          # <8 x i32>
+_HALVES = ir.VectorType(ir.IntType(16), LANES)           # <8 x i16>: eight bfloat16s as bits
 _INDEX = ir.IntType(32)
+_SIXTEEN, _ONE, _HALF_UNIT = (ir.Constant(_INTEGERS, [n] * LANES) for n in (16, 1, 0x7FFF))
 
 
 class Float32x8(types.Type):
@@ -72,8 +77,22 @@ def _pointer(context, builder, sig, args):
     return cgutils.get_item_pointer(context, builder, array_type, array, [row, col])
 
 
-def _float32_matrix(a) -> bool:
-    return isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 2
+def _matrix(a) -> bool:
+    """A float32 2-D array, or a bfloat16 one as uint16 bits: what load8, store8 and prefetch take."""
+    return isinstance(a, types.Array) and a.dtype in (types.float32, types.uint16) and a.ndim == 2
+
+
+def widen_bfloat16(builder, halves):
+    """<8 x i16> bfloat16 bits -> <8 x float>: the bits become the top half of each float32."""
+    return builder.bitcast(builder.shl(builder.zext(halves, _INTEGERS), _SIXTEEN), _VECTOR)
+
+
+def round_to_bfloat16(builder, vector):
+    """<8 x float> -> <8 x i16>: each lane rounded to the nearest bfloat16, ties to even (finite values)."""
+    bits = builder.bitcast(vector, _INTEGERS)
+    odd = builder.and_(builder.lshr(bits, _SIXTEEN), _ONE)
+    rounded = builder.add(bits, builder.add(odd, _HALF_UNIT))
+    return builder.trunc(builder.lshr(rounded, _SIXTEEN), _HALVES)
 
 
 @intrinsic
@@ -97,10 +116,13 @@ def splat8(typingctx, s):
 
 @intrinsic
 def load8(typingctx, a, i, j):
-    if not (_float32_matrix(a) and isinstance(i, types.Integer) and isinstance(j, types.Integer)):
+    if not (_matrix(a) and isinstance(i, types.Integer) and isinstance(j, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):
+        if sig.args[0].dtype == types.uint16:                        # bfloat16 bits, widened to float32
+            address = builder.bitcast(_pointer(context, builder, sig, args), _HALVES.as_pointer())
+            return widen_bfloat16(builder, builder.load(address, align=2))
         address = builder.bitcast(_pointer(context, builder, sig, args), _VECTOR.as_pointer())
         return builder.load(address, align=4)
     return float32x8(a, i, j), codegen
@@ -108,11 +130,15 @@ def load8(typingctx, a, i, j):
 
 @intrinsic
 def store8(typingctx, a, i, j, v):
-    if not (_float32_matrix(a) and isinstance(i, types.Integer) and isinstance(j, types.Integer)
+    if not (_matrix(a) and isinstance(i, types.Integer) and isinstance(j, types.Integer)
             and v == float32x8):
         return None
 
     def codegen(context, builder, sig, args):
+        if sig.args[0].dtype == types.uint16:                        # rounded to bfloat16, stored as bits
+            address = builder.bitcast(_pointer(context, builder, sig, args), _HALVES.as_pointer())
+            builder.store(round_to_bfloat16(builder, args[3]), address, align=2)
+            return context.get_dummy_value()
         address = builder.bitcast(_pointer(context, builder, sig, args), _VECTOR.as_pointer())
         builder.store(args[3], address, align=4)
         return context.get_dummy_value()
@@ -121,7 +147,7 @@ def store8(typingctx, a, i, j, v):
 
 @intrinsic
 def prefetch(typingctx, a, i, j):
-    if not (_float32_matrix(a) and isinstance(i, types.Integer) and isinstance(j, types.Integer)):
+    if not (_matrix(a) and isinstance(i, types.Integer) and isinstance(j, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):

@@ -40,7 +40,9 @@ import torch
 from numba import njit, prange
 from numba.extending import overload
 
-from minibatch.engine.kernels import fused_cpu, gemv_cpu, lanes, numba_cpu, quantized_groups_numba, quantized_numba
+from minibatch.engine.kernels import (bfloat16, fused_cpu, gemv_cpu, lanes, numba_cpu, quantized_groups_numba,
+                                     quantized_numba)
+from minibatch.engine.kernels.bfloat16 import as_stored, from_host, get, host_view, put
 from minibatch.engine.kernels.fused_cpu import _kept_view, _rms_norm, _rotary_write_kv
 from minibatch.engine.kernels.gemv_cpu import _stream
 from minibatch.engine.kernels.lanes import LANES, exp8, load8, splat8, store8, zero8
@@ -84,12 +86,13 @@ def _silu_mul(gate_up, out):
         i = start
         while i < min(end, vector_end):                    # eight columns at a time: exp8, not np.exp per value
             gate = load8(gate_up, t, i)
-            silu = gate / (splat8(1.0) + exp8(zero8() - gate))
+            silu = as_stored(out, gate / (splat8(1.0) + exp8(zero8() - gate)))    # rounded, then times up
             store8(out, t, i, silu * load8(gate_up, t, inter + i))
             i += LANES
         for i in range(i, end):
-            gate = gate_up[t, i]
-            out[t, i] = gate / (np.float32(1.0) + np.exp(-gate)) * gate_up[t, inter + i]
+            gate = get(gate_up, (t, i))
+            silu = as_stored(out, gate / (np.float32(1.0) + np.exp(-gate)))
+            put(out, (t, i), silu * get(gate_up, (t, inter + i)))
 
 
 @njit(nogil=True, cache=True)
@@ -100,18 +103,18 @@ def _layer(x, attn_norm, qkv_weight, o_weight, mlp_norm, gate_up_weight, down_we
     head_dim = k_cache.shape[3]                            # caches: (N, bs, Hkv, D)
     h = np.empty_like(x)                                   # (T, C) normed rows
     _rms_norm(x, attn_norm, eps, h)
-    qkv = np.empty((rows, qkv_weight[0].shape[0]), np.float32)                    # (T, (Hq + 2 Hkv) D)
+    qkv = np.empty((rows, qkv_weight[0].shape[0]), x.dtype)                       # (T, (Hq + 2 Hkv) D)
     _product(h, qkv_weight, qkv, False, qkv)
-    q = np.empty((rows, num_heads, head_dim), np.float32)                         # (T, Hq, D)
+    q = np.empty((rows, num_heads, head_dim), x.dtype)                            # (T, Hq, D)
     _rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_mapping, q)
     attn = np.empty_like(q)                                                       # (T, Hq, D)
     _paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, attn)
     x1 = np.empty_like(x)                                                         # (T, C)
     _product(attn.reshape(rows, num_heads * head_dim), o_weight, x, True, x1)
     _rms_norm(x1, mlp_norm, eps, h)
-    gate_up = np.empty((rows, gate_up_weight[0].shape[0]), np.float32)            # (T, 2 I)
+    gate_up = np.empty((rows, gate_up_weight[0].shape[0]), x.dtype)               # (T, 2 I)
     _product(h, gate_up_weight, gate_up, False, gate_up)
-    act = np.empty((rows, gate_up_weight[0].shape[0] // 2), np.float32)           # (T, I)
+    act = np.empty((rows, gate_up_weight[0].shape[0] // 2), x.dtype)              # (T, I)
     _silu_mul(gate_up, act)
     out = np.empty_like(x)                                                        # (T, C)
     _product(act, down_weight, x1, True, out)
@@ -119,7 +122,7 @@ def _layer(x, attn_norm, qkv_weight, o_weight, mlp_norm, gate_up_weight, down_we
 
 
 # the modules whose kernels `_layer` compiles into itself
-CALLEES = (fused_cpu, gemv_cpu, lanes, numba_cpu, quantized_numba, quantized_groups_numba)
+CALLEES = (bfloat16, fused_cpu, gemv_cpu, lanes, numba_cpu, quantized_numba, quantized_groups_numba)
 
 
 def callees_digest() -> str:
@@ -177,9 +180,9 @@ def run_layers(x: torch.Tensor, layers: list[dict], products: list[tuple], kv_ca
     numba_cpu.check_metadata(meta, kv_cache.k[0])          # the kernels do not check bounds: the metadata is checked
     positions, cos, signed_sin = (_kept_view(t) for t in rotary)
     step = (_kept_view(slot_mapping), meta.block_tables_np, meta.query_start_loc_np, meta.context_lens_np)
-    hidden = x.contiguous().numpy()
+    hidden = host_view(x.contiguous())
     for layer, (qkv, o, gate_up, down), k_cache, v_cache in zip(layers, products, kv_cache.k, kv_cache.v):
         hidden = _layer(hidden, _kept_view(layer["attn_norm"]), qkv, o, _kept_view(layer["mlp_norm"]), gate_up, down,
                         np.float32(eps), num_heads, positions, cos, signed_sin, _kept_view(k_cache),
                         _kept_view(v_cache), *step, float(scale))
-    return torch.from_numpy(hidden)
+    return from_host(hidden)

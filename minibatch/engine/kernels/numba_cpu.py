@@ -25,9 +25,10 @@ against 57, 32 rows at context 80 182 against 330, one row at context 500 36 aga
 
 Query row j of sequence i sits at position
 `context_lens[i] - query_lens[i] + j` and sees cache positions 0..that position, which covers
-prefill, chunked prefill and decode alike. Inputs are float32 CPU tensors, handed to Numba as
-zero-copy numpy views; compiled code is cached on disk (`cache=True`), so only the first process
-ever pays for compilation.
+prefill, chunked prefill and decode alike. Inputs are float32 or bfloat16 CPU tensors, handed to
+Numba as zero-copy numpy views (bfloat16 as its bits, widened to float32 as it is read: scores,
+softmax and sums are float32, the output is rounded to the query's dtype, `kernels.bfloat16`);
+compiled code is cached on disk (`cache=True`), so only the first process ever pays for compilation.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from minibatch.engine.kernels.bfloat16 import get, host_view, put, supported
 from minibatch.engine.kernels.lanes import LANES, exp8, fma8, load8, splat8, store8, sum8, sums8, zero8
 
 
@@ -55,7 +57,7 @@ def _dot(queries, q_row, keys, k_row, vector_end):
         total = fma8(load8(queries, q_row, c), load8(keys, k_row, c), total)
     score = sum8(total)
     for d in range(vector_end, queries.shape[1]):
-        score += queries[q_row, d] * keys[k_row, d]
+        score += get(queries, (q_row, d)) * get(keys, (k_row, d))
     return score
 
 
@@ -79,7 +81,7 @@ def _block_scores(queries, q_row, keys, first_k_row, k_step, n, block_size, vect
         store8(scores, g, j, sums8(s0, s1, s2, s3, s4, s5, s6, s7) * splat8(scale))
         for d in range(vector_end, queries.shape[1]):         # the last D % 8 columns, key by key
             for i in range(LANES):
-                scores[g, j + i] += scale * queries[q_row, d] * keys[k_row + i * k_step, d]
+                scores[g, j + i] += scale * get(queries, (q_row, d)) * get(keys, (k_row + i * k_step, d))
         j += LANES
     for j in range(j, n):                                     # blocks of fewer than eight keys
         scores[g, j] = scale * _dot(queries, q_row, keys, first_k_row + j * k_step, vector_end)
@@ -99,7 +101,7 @@ def _add_weighted_values(acc, g, correction, scores, values, first_v_row, v_step
     for d in range(vector_end, acc.shape[1]):
         total = acc[g, d] * correction
         for j in range(n):
-            total += scores[g, j] * values[first_v_row + j * v_step, d]
+            total += scores[g, j] * get(values, (first_v_row + j * v_step, d))
         acc[g, d] = total
 
 
@@ -148,7 +150,7 @@ def _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, con
                 _add_weighted_values(acc, g, correction, scores, values, first_kv_row, num_kv_heads, n, vector_end)
         for g in range(group):
             for d in range(head_dim):
-                outs[first_q_row + g, d] = acc[g, d] / l[g]
+                put(outs, (first_q_row + g, d), acc[g, d] / l[g])
 
 
 def _host_view(tensor: torch.Tensor, name: str) -> np.ndarray:
@@ -158,12 +160,12 @@ def _host_view(tensor: torch.Tensor, name: str) -> np.ndarray:
             f"attention_backend='numba' runs on the CPU, but {name} is on {tensor.device}: "
             "use attention_backend='numba-cuda' or 'torch' on a GPU"
         )
-    if tensor.is_floating_point() and tensor.dtype != torch.float32:
+    if tensor.is_floating_point() and not supported(tensor.dtype):
         raise ValueError(
-            f"attention_backend='numba' supports float32 only, but {name} is {tensor.dtype}: "
-            "use dtype='float32' or attention_backend='torch'"
+            f"attention_backend='numba' supports float32 and bfloat16, but {name} is {tensor.dtype}: "
+            "use dtype='float32' or 'bfloat16', or attention_backend='torch'"
         )
-    return tensor.detach().contiguous().numpy()
+    return host_view(tensor.detach().contiguous())
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
@@ -200,7 +202,7 @@ def attention(query, k_cache, v_cache, meta, scale):
     if "numba_checked" not in meta.cache:                # once per step, not once per layer
         check_metadata(meta, k_cache)
         meta.cache["numba_checked"] = True
-    out = torch.empty(query.shape, dtype=torch.float32)  # (T, Hq, D), filled in place by the kernel
+    out = torch.empty(query.shape, dtype=query.dtype)    # (T, Hq, D), filled in place by the kernel
     _paged_attention(_host_view(query, "query"), _host_view(k_cache, "k_cache"), _host_view(v_cache, "v_cache"),
                      meta.block_tables_np, meta.query_start_loc_np, meta.context_lens_np, float(scale),
                      _host_view(out, "out"))

@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minibatch.engine.kernels.bfloat16 import host_view, supported
 from minibatch.engine.kernels.gemv_cpu import STREAM_ROWS, streamed_linear
 
 SMALL_BATCH_ROWS = 64   # up to this many rows, the weight-first orientation is used on CPU without oneDNN
@@ -80,8 +81,8 @@ class Linear:
             raise ValueError(f"Linear path='onednn' is not allowed for a {weight.dtype} weight on "
                              f"{weight.device.type}: oneDNN runs float32 (and bfloat16 where the CPU has it) on CPU")
         self.path, self.shape, self.dtype = path, weight.shape, weight.dtype
-        self.stream_rows = stream_rows if weight.device.type == "cpu" and weight.dtype == torch.float32 else 0
-        self.streamed = weight.detach().contiguous().numpy() if self.stream_rows else None  # (N, K) plain weight
+        self.stream_rows = stream_rows if weight.device.type == "cpu" and supported(weight.dtype) else 0
+        self.streamed = host_view(weight.detach().contiguous()) if self.stream_rows else None  # (N, K) plain weight
         if path == "onednn":
             with torch.no_grad():                                        # reordered once, into oneDNN's blocked layout
                 self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
