@@ -122,14 +122,15 @@ def check_cpu() -> Check:
 
 def check_bfloat16() -> Check:
     """Whether this CPU multiplies in bfloat16 natively (AVX512_BF16, AMX), as oneDNN reports it. Never a
-    problem for the course (it runs in float32); without it dtype="bfloat16" runs through a slow fallback."""
+    problem for the course (it runs in float32); without it dtype="bfloat16" prefills through a slow fallback."""
     import torch
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return Check("bfloat16", "ok", "this CPU multiplies in bfloat16 natively (oneDNN): dtype='bfloat16' "
                      "reads half the bytes of float32")
-    return Check("bfloat16", "ok", "no native bfloat16 products on this CPU (oneDNN has none for it): "
-                 "dtype='bfloat16' runs through a fallback several times slower than float32, so keep the "
-                 "default float32 here (chapter 10 skips its bf16 row)")
+    return Check("bfloat16", "ok", "no native bfloat16 products on this CPU (oneDNN has none for it): with "
+                 "dtype='bfloat16' the engine's own loops still run decode steps of up to 12 sequences, but "
+                 "prefills and larger steps go through a fallback several times slower than float32, so keep "
+                 "the default float32 here (chapter 10 skips its bf16 row)")
 
 
 def torch_build() -> tuple[str, str]:

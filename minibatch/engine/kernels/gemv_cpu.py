@@ -23,13 +23,19 @@ With several rows the loop computes as well as reads, and while it computes, the
 already be fetching the weights it reads next, or the two add up instead of overlapping. The
 CPU's own prefetcher guesses that for a plain stream, but not always early enough; here each loop
 also asks for the weight row PREFETCH_AHEAD rows ahead (`prefetch`: once per 64-byte cache line,
-into every cache level). How far ahead, and with which hint, matters more on some CPUs than on
-others, so both were measured on two. On a 2-core AMD EPYC (Zen 3, AVX2), 6, 12 or 24 rows ahead
+into the second-level cache). How far ahead, and with which hint, matters more on some CPUs than on
+others, so both were measured on three. On a 2-core AMD EPYC (Zen 3, AVX2), 6, 12 or 24 rows ahead
 and either hint were the same within noise. On a 2-core Intel Xeon (AVX-512), eight rows of this
-loop took, in interleaved runs: 34-39 ms with no hint; 61 ms asking 12 rows ahead with either
-hint (the choice this file made before, measured on the EPYC only) and 69 ms 4 ahead with the hint for data
-read once (`prefetchnta`), which leaves the line in the first-level cache only, where it is
-pushed out before it is read; 21-25 ms with `prefetcht0` 1 to 4 rows ahead.
+loop took, in interleaved runs: 34-39 ms with no hint; 61 ms asking 12 rows ahead into every cache
+level (`prefetcht0`) or with the hint for data read once (`prefetchnta`, which leaves the line in
+the first-level cache only, where it is pushed out before it is read), 69 ms 4 ahead with
+`prefetchnta`; 21-25 ms with `prefetcht0` 1 to 4 rows ahead. On a 2-core AMD EPYC with AVX-512
+(Zen 4), the model's products (30 layers and the LM head) at eight rows: 38.7 ms with no hint,
+27.9 ms with `prefetcht0` 2 rows ahead (this file's choice before), 24.2-24.7 ms with `prefetcht1`
+(into the second-level cache) 4 to 16 rows ahead; at one row 23.7-24.7 ms with no hint or
+`prefetcht0`, 18.7-19.2 ms with `prefetcht1` 4 to 16 ahead. Whole decode steps at batch 1 went
+from 23.4-25.7 to 18.1-20.1 ms (three alternating pairs of processes). So the hint is `prefetcht1`,
+4 rows ahead: near the Xeon's best distance, and the Zen 4's best hint.
 
 Measured on that Xeon with `python scripts/linear_ab.py --rows 1 2 4 6 8 12 16 --reps 5` (2 threads,
 the 30 layers' products of SmolLM2-135M, 425 MB, read from memory as in a real step; medians of
@@ -45,6 +51,14 @@ interleaved runs), against oneDNN with the weight prepacked and MKL's `F.linear`
 28.5-31.8 ms without (three interleaved pairs of processes); at batch 8 it changes nothing.
 
 So `models.linear.Linear` uses this loop for up to STREAM_ROWS rows, and oneDNN above.
+
+In bfloat16 the same loop reads the weight's bits (`kernels.bfloat16`): each eight 2-byte weights are
+loaded at once and widened to floats in the register (a shift of each lane by 16 bits), x is widened
+once per call, the sums are float32 (the product of two bfloat16s is exact in float32) and each
+output is rounded to bfloat16 as it is stored, then again after the residual is added, as
+transformers rounds `residual + product`. Half the bytes read: on a 2-core AMD EPYC with AVX-512,
+the 30 layers' and the LM head's products at one row 15.6 ms against float32's 26 ms (`python
+scripts/linear_ab.py --dtype bfloat16`).
 Compiled code is cached on disk (`cache=True`).
 """
 from __future__ import annotations
@@ -58,7 +72,7 @@ from minibatch.engine.kernels.lanes import LANES, fma8, lane, load8, prefetch, s
 
 STREAM_ROWS = 12       # up to this many rows the streamed loop beats a library GEMM (see above)
 ROWS_PER_TASK = 32     # weight rows a thread takes at a time
-PREFETCH_AHEAD = 2     # the weight row asked for while this one is multiplied
+PREFETCH_AHEAD = 4     # the weight row asked for while this one is multiplied
 LINE = 16              # float32 values in a 64-byte cache line
 
 

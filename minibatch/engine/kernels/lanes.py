@@ -21,7 +21,7 @@ instructions (AVX's 256-bit registers on x86, two 128-bit NEON registers on ARM)
     sums8(a0, ..., a7)        [sum8(a0), sum8(a1), ..., sum8(a7)]: eight reductions at once
     lane(v, i)                v[i]
     prefetch(a, i, j)         ask the memory for a[i, j]'s cache line now, before it is needed
-                              (into every cache level: x86's prefetcht0)
+                              (into the second-level cache: x86's prefetcht1)
 
 `load8` and `store8` do not check bounds: their caller keeps j + 8 <= the row's length. They read
 and write float32 arrays, and bfloat16 ones kept as their 16 bits in uint16 arrays (`kernels.bfloat16`):
@@ -155,7 +155,7 @@ def prefetch(typingctx, a, i, j):
         llvm_prefetch = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [byte_pointer, _INDEX, _INDEX, _INDEX]), "llvm.prefetch.p0")
         address = builder.bitcast(_pointer(context, builder, sig, args), byte_pointer)
-        builder.call(llvm_prefetch, [address, _INDEX(0), _INDEX(3), _INDEX(1)])     # a read, into every cache level
+        builder.call(llvm_prefetch, [address, _INDEX(0), _INDEX(2), _INDEX(1)])     # a read, kept in L2 and beyond
         return context.get_dummy_value()
     return types.void(a, i, j), codegen
 

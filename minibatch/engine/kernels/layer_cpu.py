@@ -12,8 +12,10 @@ which runs the same compiled kernels (`fused_cpu`, `gemv_cpu`, `numba_cpu`) in t
 numpy arrays that stay numpy from the first layer to the last. Only SwiGLU is new here:
 silu(gate) * up = gate / (1 + exp(-gate)) * up, one loop in eight-float vectors (`lanes.exp8`), each row split in
 chunks of SILU_CHUNK columns over the threads. It applies to decode steps on a CPU with the Numba
-attention backend, up to `gemv_cpu.STREAM_ROWS` rows, whose products the layer can run: float32
-weights through the streamed loop, or q8_0 and q4_1 blocks through `quantized_numba`'s kernels
+attention backend, up to `gemv_cpu.STREAM_ROWS` rows, whose products the layer can run: float32 or
+bfloat16 weights through the streamed loop (bfloat16 arrays as their bits: the same source compiled
+again, rounding where transformers rounds, `kernels.bfloat16`), or q8_0 and q4_1 blocks through
+`quantized_numba`'s kernels
 (`_product` picks one by the weight's format when the layer is compiled, so each format has its own
 machine code); any other step runs the layer part by part (`LlamaModel.forward`), and so does a step
 profiled with `EngineConfig(profile_steps=True)`, which times the parts. Torch operators per decode
@@ -24,7 +26,9 @@ decode step of 5 interleaved rounds), whole layers against part by part, the sam
 Intel Xeon (AVX-512): float32 23.3 against 28.7 ms at batch 1, 31.0 against 36.2 ms at batch 8. On a
 2-core AMD EPYC (AVX2), before the vector exp and the nearer prefetch: q4_1 9.0 against 12.4 ms at
 batch 1 and 33.0 against 37.1 at batch 8; q8_0 9.4 against 12.7 at batch 1 and 29.4 against 33.3 at
-batch 8. The ratios are what carries over from one machine, and one hour, to another.
+batch 8. On a 2-core AMD EPYC with AVX-512 and BF16 (`--dtype bfloat16`, 3 rounds): bfloat16 15.3
+against 17.7 ms at batch 1, 23.6 against 26.8 at batch 8. The ratios are what carries over from one
+machine, and one hour, to another.
 
 Compiled code is cached on disk (`cache=True`). Numba checks a cached function against its own
 file only, so `_layer`, which compiles the other kernels into itself, is compiled again when one
