@@ -45,8 +45,8 @@ def machine() -> dict:
     native_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
             "native_bf16": native_bf16, "torch_threads": torch.get_num_threads(), "gpu": gpu,
-            "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "load_average_1min": os.getloadavg()[0]}
+            "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "load_average_1min": os.getloadavg()[0]}
 
 
 def _best_time(fn, repeats: int, device: str = "cpu") -> float:
