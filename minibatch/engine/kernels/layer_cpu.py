@@ -19,7 +19,8 @@ again, rounding where transformers rounds, `kernels.bfloat16`), or q8_0 and q4_1
 (`_product` picks one by the weight's format when the layer is compiled, so each format has its own
 machine code); any other step runs the layer part by part (`LlamaModel.forward`), and so does a step
 profiled with `EngineConfig(profile_steps=True)`, which times the parts. Torch operators per decode
-step of one sequence: 3622 part by part, 57 this way.
+step of one sequence: 3622 part by part, 57 this way; in bfloat16 67 this way, where it ran 4554 torch
+operators before these kernels took bfloat16 (counted with torch.profiler).
 
 Measured with `python scripts/layer_ab.py [--quantization q4_1]` (SmolLM2-135M, 2 threads, median
 decode step of 5 interleaved rounds), whole layers against part by part, the same tokens. On a 2-core
