@@ -4,6 +4,7 @@ import torch
 from transformers import LlamaConfig
 
 from minibatch import LLM, EngineConfig, SamplingParams
+from minibatch.bench.check import greedy_kwargs
 from minibatch.engine.models import load_hf
 from minibatch.engine.models.tiny import random_llama
 from tests.conftest import reference_greedy
@@ -103,3 +104,18 @@ def test_smollm2_matches_generate():
     for out in outs:
         assert out.token_ids == reference_greedy(model, out.prompt_token_ids, 12)
     assert "Paris" in outs[0].text
+
+
+@pytest.mark.smollm2
+def test_smollm2_batch_of_eight_matches_generate():
+    """Eight sequences decode together: the products take eight rows of x at a time, and the down projection
+    (1536 columns, longer than gemv_cpu.K_CHUNK) sums them chunk by chunk; every token is still the reference's."""
+    model, _ = load_hf("smollm2-135m")
+    llm = LLM(EngineConfig(model="smollm2-135m", max_batch_size=8, block_size=16))
+    prompts = [f"Write one sentence about the number {i}." for i in range(8)]
+    outs = llm.generate(prompts, SamplingParams(max_new_tokens=10, ignore_eos=True), use_tqdm=False)
+    assert max(s.batch_size for s in llm.engine.step_records) == 8
+    for out in outs:                                        # the reference past EOS too, as ignore_eos asks
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([out.prompt_token_ids]), **greedy_kwargs(10))
+        assert out.token_ids == ref[0, len(out.prompt_token_ids):].tolist()

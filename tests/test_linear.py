@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minibatch.engine.kernels.gemv_cpu import STREAM_ROWS, streamed_linear
+from minibatch.engine.kernels.bfloat16 import host_view
+from minibatch.engine.kernels.gemv_cpu import K_CHUNK, STREAM_ROWS, streamed_linear
 from minibatch.engine.models.linear import PATHS, SMALL_BATCH_ROWS, Linear, best_path, linear, onednn_supports
 
 CPU_PATHS = [p for p in PATHS if p != "onednn" or onednn_supports(torch.zeros(1, 1))]
@@ -106,7 +107,7 @@ def test_the_streamed_loop_in_bfloat16_rounds_the_product_then_its_sum_with_the_
     exact = F.linear(x.float(), weight.float())                                    # (T, N) in float32
     out, with_residual = product(x), product.add_to(residual, x)
     assert out.dtype == with_residual.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), exact.bfloat16().float(), rtol=2 ** -8, atol=1e-6)
+    torch.testing.assert_close(out.float(), exact.bfloat16().float(), rtol=2 ** -7, atol=1e-6)   # one step
     assert (out != exact.bfloat16()).float().mean() < 0.02            # only where the sum's order rounds the other way
     assert torch.equal(with_residual, residual + out)
 
@@ -120,6 +121,23 @@ def test_the_streamed_loop_at_every_grouping_of_rows(rows):
     torch.testing.assert_close(streamed_linear(x, weight.numpy()), F.linear(x, weight), rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(streamed_linear(x, weight.numpy(), residual), residual + F.linear(x, weight),
                                rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [8, 12, 16, 19])
+@pytest.mark.parametrize("width", [K_CHUNK + 1, 2 * K_CHUNK + 13, 3 * K_CHUNK])   # chunks, a tail, whole chunks
+def test_rows_longer_than_a_chunk_are_summed_chunk_by_chunk_to_the_same_product(rows, width):
+    """Eight rows of x at a time over columns in chunks of at most K_CHUNK (so they stay in the first-level
+    cache), the sums kept in float32 across chunks; the other rows as before; bfloat16 rounded once at the end."""
+    generator = torch.Generator().manual_seed(rows + width)
+    x, weight = torch.randn(rows, width, generator=generator), torch.randn(70, width, generator=generator)
+    residual = torch.randn(rows, 70, generator=generator)
+    torch.testing.assert_close(streamed_linear(x, weight.numpy(), residual), residual + F.linear(x, weight),
+                               rtol=1e-5, atol=2e-4)
+    halves = [t.bfloat16() for t in (x, weight)]
+    exact = F.linear(*(t.float() for t in halves))                                # (T, N) float32
+    out = streamed_linear(halves[0], host_view(halves[1]))
+    torch.testing.assert_close(out.float(), exact.bfloat16().float(), rtol=2 ** -7, atol=1e-5)   # one step
+    assert (out != exact.bfloat16()).float().mean() < 0.02
 
 
 def test_the_streamed_loop_reads_a_transposed_input_and_leaves_it_alone():
