@@ -95,3 +95,30 @@ def test_the_servers_engine_thread_keeps_the_engines_count(restore_threads):
         reply = httpx.post(server.url + "/v1/completions", timeout=60,
                            json={"model": "tiny", "prompt": "Hi", "max_tokens": 3})
     assert reply.status_code == 200 and counts and set(counts) == {1}
+
+
+def test_built_apart_makes_in_a_thread_that_has_ended_and_raises_its_errors():
+    import threading
+    seen = []
+
+    def make():
+        seen.append(threading.current_thread())
+        return "engine"
+
+    assert threads.built_apart(make) == "engine"
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()
+    with pytest.raises(ConfigError, match="nope"):
+        threads.built_apart(lambda: (_ for _ in ()).throw(ConfigError("nope")))
+
+
+def test_the_server_builds_its_engine_apart_from_the_thread_that_serves(monkeypatch):
+    """The server's engine is built in a thread that ends (no OpenMP team of the builder's left beside the engine
+    thread's); a bad config still fails in the caller, with its message."""
+    from minibatch.serving import server as server_module
+    calls = []
+    real = server_module.built_apart
+    monkeypatch.setattr(server_module, "built_apart", lambda make: calls.append(make) or real(make))
+    app = server_module.build_server(EngineConfig(model="tiny"))
+    assert len(calls) == 1 and app.state.server.engine is not None
+    with pytest.raises(ConfigError, match="quantization"):
+        server_module.build_server(EngineConfig(model="tiny", quantization="q4_1"))
