@@ -118,7 +118,9 @@ def main(args) -> int:
 
 
 class ServerThread:
-    """A server in a thread of this process, for tests and for looking at the engine while it serves.
+    """A server in a thread of this process, for tests and for looking at the engine while it serves. Its
+    decode steps are slower than `ServerProcess`'s when this process's main thread has run torch's parallel
+    work before (its OpenMP team stays beside the engine thread's: see `engine.threads.built_apart`).
 
         with ServerThread(EngineConfig(model="tiny")) as server:
             server.engine.blocks.num_free_blocks; httpx.get(server.url + "/health")
