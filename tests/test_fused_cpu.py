@@ -1,8 +1,10 @@
 """The fused CPU kernels of a decode step compute what the torch operators they replace compute."""
+import numpy as np
 import pytest
 import torch
 
 from minibatch.engine.kernels import fused_cpu, numba_cpu, torch_ref
+from minibatch.engine.kernels.bfloat16 import host_view
 from minibatch.engine.models.llama import rms_norm
 
 H, HKV, D = 6, 2, 16
@@ -70,3 +72,30 @@ def test_kept_views_follow_their_tensor_and_are_forgotten_with_it():
     key = id(cache)
     del cache
     assert key not in fused_cpu._views
+
+
+@pytest.mark.parametrize("inter", [40, 43, 3 * fused_cpu.SILU_CHUNK + 5])    # vectors, a tail, several chunks
+def test_silu_times_up_matches_torch(inter):
+    gate_up = torch.randn(3, 2 * inter, generator=torch.Generator().manual_seed(0)) * 4     # (T, 2 I)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -30.0])                            # exp's far ends
+    out = np.empty((3, inter), np.float32)
+    fused_cpu._silu_mul(gate_up.numpy(), out)
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(torch.from_numpy(out), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
+    halves = torch.empty(3, inter, dtype=torch.bfloat16)                # in bfloat16: SiLU rounded, then times up
+    fused_cpu._silu_mul(host_view(gate_up.bfloat16()), host_view(halves))
+    gate, up = gate_up.bfloat16().chunk(2, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    assert (halves != expected).float().mean() < 0.01
+    torch.testing.assert_close(halves.float(), expected.float(), rtol=2 ** -7, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_of_a_gate_up_product_is_torchs_swiglu(dtype):
+    gate_up = (torch.randn(5, 2 * 1536, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)  # (T, 2 I)
+    gate, up = gate_up.chunk(2, dim=-1)
+    out = fused_cpu.silu_mul(gate_up)
+    assert out.shape == (5, 1536) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), (torch.nn.functional.silu(gate) * up).float(),
+                               rtol=1e-6 if dtype == torch.float32 else 2 ** -7, atol=1e-6)
+

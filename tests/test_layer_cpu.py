@@ -1,11 +1,9 @@
 """A decode step's layers as whole compiled calls compute what the layer run part by part computes."""
 import numpy as np
 import pytest
-import torch
 
 from minibatch import LLM, EngineConfig, SamplingParams
 from minibatch.engine.kernels import layer_cpu, numba_cpu, torch_ref
-from minibatch.engine.kernels.bfloat16 import host_view
 
 PROMPTS = ["The cat sat on", "Once upon a time, in a land far away,", "1, 2, 3,", "Paris is the capital of"]
 
@@ -58,22 +56,6 @@ def test_quantized_layers_compute_what_their_parts_compute(model, quantization, 
     assert whole.engine.model.layers[0]["qkv"].path == f"{quantization}-numba"
     rows = _same_tokens_and_log_probabilities(whole, parts, monkeypatch, PROMPTS[:2], tokens=8)
     assert rows and set(rows) <= {1, 2}
-
-
-@pytest.mark.parametrize("inter", [40, 43, 3 * layer_cpu.SILU_CHUNK + 5])    # vectors, a tail, several chunks
-def test_silu_times_up_matches_torch(inter):
-    gate_up = torch.randn(3, 2 * inter, generator=torch.Generator().manual_seed(0)) * 4     # (T, 2 I)
-    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -30.0])                            # exp's far ends
-    out = np.empty((3, inter), np.float32)
-    layer_cpu._silu_mul(gate_up.numpy(), out)
-    gate, up = gate_up.chunk(2, dim=-1)
-    torch.testing.assert_close(torch.from_numpy(out), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
-    halves = torch.empty(3, inter, dtype=torch.bfloat16)                # in bfloat16: SiLU rounded, then times up
-    layer_cpu._silu_mul(host_view(gate_up.bfloat16()), host_view(halves))
-    gate, up = gate_up.bfloat16().chunk(2, dim=-1)
-    expected = torch.nn.functional.silu(gate) * up
-    assert (halves != expected).float().mean() < 0.01
-    torch.testing.assert_close(halves.float(), expected.float(), rtol=2 ** -7, atol=1e-6)
 
 
 def test_only_decode_steps_with_the_numba_backend_and_compiled_products_take_it():

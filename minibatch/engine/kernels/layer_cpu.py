@@ -9,9 +9,7 @@ at batch 1, a fifth of a decode step spent between the kernels. Here the layer i
     x (T, C) -> x + attention(rms_norm(x)) = x1 -> x1 + mlp(rms_norm(x1))      (T, C)
 
 which runs the same compiled kernels (`fused_cpu`, `gemv_cpu`, `numba_cpu`) in the same order, on
-numpy arrays that stay numpy from the first layer to the last. Only SwiGLU is new here:
-silu(gate) * up = gate / (1 + exp(-gate)) * up, one loop in eight-float vectors (`lanes.exp8`), each row split in
-chunks of SILU_CHUNK columns over the threads. It applies to decode steps on a CPU with the Numba
+numpy arrays that stay numpy from the first layer to the last. It applies to decode steps on a CPU with the Numba
 attention backend, up to `gemv_cpu.STREAM_ROWS` rows, whose products the layer can run: float32 or
 bfloat16 weights through the streamed loop (bfloat16 arrays as their bits: the same source compiled
 again, rounding where transformers rounds, `kernels.bfloat16`), or q8_0 and q4_1 blocks through
@@ -42,15 +40,14 @@ import pathlib
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
 from numba.extending import overload
 
 from minibatch.engine.kernels import (bfloat16, fused_cpu, gemv_cpu, lanes, numba_cpu, quantized_groups_numba,
                                      quantized_numba)
-from minibatch.engine.kernels.bfloat16 import as_stored, from_host, get, host_view, put
-from minibatch.engine.kernels.fused_cpu import _kept_view, _rms_norm, _rotary_write_kv
+from minibatch.engine.kernels.bfloat16 import from_host, host_view
+from minibatch.engine.kernels.fused_cpu import _kept_view, _rms_norm, _rotary_write_kv, _silu_mul
 from minibatch.engine.kernels.gemv_cpu import _stream
-from minibatch.engine.kernels.lanes import LANES, exp8, load8, splat8, store8, zero8
 from minibatch.engine.kernels.numba_cpu import _paged_attention
 from minibatch.engine.kernels.quantized_numba import _q4_1_into, _q8_0_into
 
@@ -75,29 +72,6 @@ def _product_for(x, weight, residual, add_residual, out):
         return lambda x, weight, residual, add_residual, out: _q4_1_into(
             x, weight[0], weight[1], weight[2], weight[3], weight[4], weight[5], weight[6], residual, add_residual, out)
     return None
-
-
-SILU_CHUNK = 256        # columns of one row a thread takes at a time in SwiGLU
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _silu_mul(gate_up, out):
-    rows, inter = out.shape                                # gate_up: (T, 2 I) = gate | up, out: (T, I)
-    chunks = (inter + SILU_CHUNK - 1) // SILU_CHUNK        # (even one row is split over the threads)
-    vector_end = inter - inter % LANES
-    for task in prange(rows * chunks):
-        t, start = task // chunks, task % chunks * SILU_CHUNK
-        end = min(start + SILU_CHUNK, inter)
-        i = start
-        while i < min(end, vector_end):                    # eight columns at a time: exp8, not np.exp per value
-            gate = load8(gate_up, t, i)
-            silu = as_stored(out, gate / (splat8(1.0) + exp8(zero8() - gate)))    # rounded, then times up
-            store8(out, t, i, silu * load8(gate_up, t, inter + i))
-            i += LANES
-        for i in range(i, end):
-            gate = get(gate_up, (t, i))
-            silu = as_stored(out, gate / (np.float32(1.0) + np.exp(-gate)))
-            put(out, (t, i), silu * get(gate_up, (t, inter + i)))
 
 
 @njit(nogil=True, cache=True)

@@ -160,7 +160,10 @@ class LlamaModel(ModelShape):
 
     def mlp(self, h, residual, layer):
         """residual (T, C) plus SwiGLU of h (T, C): down(silu(gate(h)) * up(h))."""
-        gate, up = layer["gate_up"](h).chunk(2, dim=-1)                    # (T, I) each
+        gate_up = layer["gate_up"](h)                                       # (T, 2 I) = gate | up
+        if self.fused:
+            return layer["down"].add_to(residual, fused_cpu.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)                                 # (T, I) each
         return layer["down"].add_to(residual, F.silu(gate) * up)
 
     def lm_head_logits(self, h):
