@@ -107,14 +107,16 @@ def test_smollm2_matches_generate():
 
 
 @pytest.mark.smollm2
-def test_smollm2_batch_of_eight_matches_generate():
+@pytest.mark.parametrize("batch", [8, 19])
+def test_smollm2_batches_of_eight_and_more_match_generate(batch):
     """Eight sequences decode together: the products take eight rows of x at a time, and the down projection
-    (1536 columns, longer than gemv_cpu.K_CHUNK) sums them chunk by chunk; every token is still the reference's."""
+    (1536 columns, longer than gemv_cpu.K_CHUNK) sums them chunk by chunk. Nineteen: blocks of four rows by four
+    weight rows, then three rows one at a time. Every token is still the reference's."""
     model, _ = load_hf("smollm2-135m")
-    llm = LLM(EngineConfig(model="smollm2-135m", max_batch_size=8, block_size=16))
-    prompts = [f"Write one sentence about the number {i}." for i in range(8)]
+    llm = LLM(EngineConfig(model="smollm2-135m", max_batch_size=batch, block_size=16))
+    prompts = [f"Write one sentence about the number {i}." for i in range(batch)]
     outs = llm.generate(prompts, SamplingParams(max_new_tokens=10, ignore_eos=True), use_tqdm=False)
-    assert max(s.batch_size for s in llm.engine.step_records) == 8
+    assert max(s.batch_size for s in llm.engine.step_records) == batch
     for out in outs:                                        # the reference past EOS too, as ignore_eos asks
         with torch.no_grad():
             ref = model.generate(torch.tensor([out.prompt_token_ids]), **greedy_kwargs(10))

@@ -87,7 +87,7 @@ def test_a_few_fp32_or_bf16_rows_are_streamed_and_other_dtypes_are_not(monkeypat
     streamed = linear_module.streamed_linear
     monkeypatch.setattr(linear_module, "streamed_linear", lambda *a: calls.append(a[0].shape[0]) or streamed(*a))
     product = Linear(torch.randn(6, 4))
-    counts = (1, 2, 3, 8, STREAM_ROWS, STREAM_ROWS + 1, 32)
+    counts = (1, 2, 3, 8, STREAM_ROWS, STREAM_ROWS + 1, 2 * STREAM_ROWS)
     for rows in counts:
         product(torch.randn(rows, 4))
     assert calls == [r for r in counts if r <= STREAM_ROWS] and STREAM_ROWS + 1 not in calls
@@ -95,7 +95,7 @@ def test_a_few_fp32_or_bf16_rows_are_streamed_and_other_dtypes_are_not(monkeypat
     assert Linear(torch.randn(6, 4, dtype=torch.bfloat16), "weight-first").streamed.dtype == np.uint16  # its bits
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 11])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 11, 13, 30])
 def test_the_streamed_loop_in_bfloat16_rounds_the_product_then_its_sum_with_the_residual(rows):
     """bfloat16 weights and rows, multiplied in float32 (each product of two bfloat16s is exact there) and
     rounded once, as oneDNN and MKL's bfloat16 products do; with a residual the sum is rounded again, as
@@ -112,9 +112,11 @@ def test_the_streamed_loop_in_bfloat16_rounds_the_product_then_its_sum_with_the_
     assert torch.equal(with_residual, residual + out)
 
 
-@pytest.mark.parametrize("rows", range(1, 22))
+@pytest.mark.parametrize("rows", [*range(1, 26), 63, 64])
 def test_the_streamed_loop_at_every_grouping_of_rows(rows):
-    """Rows go eight, then four, then one at a time: every mix of the three equals F.linear."""
+    """Up to BLOCK_ROWS rows go eight, then four, then one at a time; more in blocks of four rows by four weight
+    rows (45 weight rows: a thread's task of 32, then 13, the last one alone), then one at a time: every mix
+    equals F.linear."""
     generator = torch.Generator().manual_seed(rows)
     x, weight = torch.randn(rows, 77, generator=generator), torch.randn(45, 77, generator=generator)
     residual = torch.randn(rows, 45, generator=generator)
@@ -126,8 +128,9 @@ def test_the_streamed_loop_at_every_grouping_of_rows(rows):
 @pytest.mark.parametrize("rows", [8, 12, 16, 19])
 @pytest.mark.parametrize("width", [K_CHUNK + 1, 2 * K_CHUNK + 13, 3 * K_CHUNK])   # chunks, a tail, whole chunks
 def test_rows_longer_than_a_chunk_are_summed_chunk_by_chunk_to_the_same_product(rows, width):
-    """Eight rows of x at a time over columns in chunks of at most K_CHUNK (so they stay in the first-level
-    cache), the sums kept in float32 across chunks; the other rows as before; bfloat16 rounded once at the end."""
+    """Up to BLOCK_ROWS rows, eight rows of x at a time over columns in chunks of at most K_CHUNK (so they stay in
+    the first-level cache), the sums kept in float32 across chunks; the other rows as before; bfloat16 rounded once
+    at the end."""
     generator = torch.Generator().manual_seed(rows + width)
     x, weight = torch.randn(rows, width, generator=generator), torch.randn(70, width, generator=generator)
     residual = torch.randn(rows, 70, generator=generator)

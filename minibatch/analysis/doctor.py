@@ -128,7 +128,7 @@ def check_bfloat16() -> Check:
         return Check("bfloat16", "ok", "this CPU multiplies in bfloat16 natively (oneDNN): dtype='bfloat16' "
                      "reads half the bytes of float32")
     return Check("bfloat16", "ok", "no native bfloat16 products on this CPU (oneDNN has none for it): with "
-                 "dtype='bfloat16' the engine's own loops still run decode steps of up to 12 sequences, but "
+                 "dtype='bfloat16' the engine's own loops still run decode steps of up to 64 sequences, but "
                  "prefills and larger steps go through a fallback several times slower than float32, so keep "
                  "the default float32 here (chapter 10 skips its bf16 row)")
 

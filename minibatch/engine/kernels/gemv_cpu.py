@@ -58,7 +58,20 @@ interleaved runs), against oneDNN with the weight prepacked and MKL's `F.linear`
 1.2-1.3x MKL's `F.linear` there. With it, whole decode steps at batch 1 took 24.9 ms against
 28.5-31.8 ms without (three interleaved pairs of processes); at batch 8 it changes nothing.
 
-So `models.linear.Linear` uses this loop for up to STREAM_ROWS rows, and oneDNN above.
+Above BLOCK_ROWS rows the weight row's reuse is the limit, not the memory: eight rows of x are read
+for each weight vector, and thirty-two rows of x (73 KB at 576 columns) no longer fit the first-level
+cache. So there the rows go in blocks of four rows by four weight rows (`_rows4_outputs4`): sixteen
+running sums, eight vectors loaded for sixteen multiply-adds, the four weight rows read from memory
+once and from the cache for every other block of rows. On the AVX-512 EPYC (`python
+scripts/linear_ab.py --rows 9 12 16 24 32 48 64 96`, the 30 layers' products and the LM head):
+
+    rows          9       12       16       24       32       48       64       96
+    oneDNN     34.4 ms  37.3 ms  37.6 ms  44.0 ms  56.5 ms  93.2 ms   116 ms   142 ms
+    streamed   29.0 ms  28.6 ms  36.6 ms  40.0 ms  53.3 ms  83.8 ms   104 ms   167 ms
+
+At 32 rows that is 8.6 GFLOP in 53 ms, 162 GFLOP/s, near the 150-196 GFLOP/s a large GEMM reaches
+there: past a few dozen rows a step is compute-bound, as the roofline says. So `models.linear.Linear`
+uses this loop for up to STREAM_ROWS (64) rows, and oneDNN above, where its packed GEMM wins.
 
 In bfloat16 the same loop reads the weight's bits (`kernels.bfloat16`): each eight 2-byte weights are
 loaded at once and widened to floats in the register (a shift of each lane by 16 bits), x is widened
@@ -78,10 +91,11 @@ from numba import njit, prange
 from minibatch.engine.kernels.bfloat16 import as_float32, get, host_view, put
 from minibatch.engine.kernels.lanes import LANES, fma8, lane, load8, prefetch, sum8, sums8, zero8
 
-STREAM_ROWS = 12       # up to this many rows the streamed loop beats a library GEMM (see above)
+STREAM_ROWS = 64       # up to this many rows this loop beats oneDNN's packed GEMM (see above)
 ROWS_PER_TASK = 32     # weight rows a thread takes at a time
 PREFETCH_AHEAD = 4     # the weight row asked for while this one is multiplied
 LINE = 16              # float32 values in a 64-byte cache line
+BLOCK_ROWS = 8         # above this many rows, blocks of four rows by four weight rows (`_rows4_outputs4`)
 K_CHUNK = 768          # columns eight rows of x take at a time: 8 x 768 float32 = 24 KB, inside a 32 KB L1 cache
 
 
@@ -188,6 +202,36 @@ def _row1_outputs4(weight, x, n, t, ahead, out):
         put(out, (t, n + i), lane(sums, i) + _rest(weight, x, n + i, t, last))
 
 
+@njit(inline="always")
+def _rows4_outputs4(weight, x, n, t, ahead, out):
+    """out[t:t+4, n:n+4] = x[t:t+4] . weight[n:n+4]: a block of four rows by four weight rows, sixteen running
+    sums, eight vectors loaded for sixteen multiply-adds."""
+    s00, s01, s02, s03 = zero8(), zero8(), zero8(), zero8()    # s<i><j>: row t + i against weight row n + j
+    s10, s11, s12, s13 = zero8(), zero8(), zero8(), zero8()
+    s20, s21, s22, s23 = zero8(), zero8(), zero8(), zero8()
+    s30, s31, s32, s33 = zero8(), zero8(), zero8(), zero8()
+    last = weight.shape[1] - weight.shape[1] % LANES
+    for k in range(0, last, LANES):
+        if k % LINE == 0:
+            for j in range(4):
+                prefetch(weight, ahead + j, k)
+        w0, w1, w2, w3 = load8(weight, n, k), load8(weight, n + 1, k), load8(weight, n + 2, k), load8(weight, n + 3, k)
+        v = load8(x, t, k)
+        s00, s01, s02, s03 = fma8(v, w0, s00), fma8(v, w1, s01), fma8(v, w2, s02), fma8(v, w3, s03)
+        v = load8(x, t + 1, k)
+        s10, s11, s12, s13 = fma8(v, w0, s10), fma8(v, w1, s11), fma8(v, w2, s12), fma8(v, w3, s13)
+        v = load8(x, t + 2, k)
+        s20, s21, s22, s23 = fma8(v, w0, s20), fma8(v, w1, s21), fma8(v, w2, s22), fma8(v, w3, s23)
+        v = load8(x, t + 3, k)
+        s30, s31, s32, s33 = fma8(v, w0, s30), fma8(v, w1, s31), fma8(v, w2, s32), fma8(v, w3, s33)
+    rows01 = sums8(s00, s01, s02, s03, s10, s11, s12, s13)       # lane 4 i + j: row t + i, weight row n + j
+    rows23 = sums8(s20, s21, s22, s23, s30, s31, s32, s33)
+    for i in range(2):
+        for j in range(4):
+            put(out, (t + i, n + j), lane(rows01, 4 * i + j) + _rest(weight, x, n + j, t + i, last))
+            put(out, (t + 2 + i, n + j), lane(rows23, 4 * i + j) + _rest(weight, x, n + j, t + 2 + i, last))
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _stream(x_stored, weight, residual, add_residual, out):
     x = as_float32(x_stored)                               # x: (T, K), weight: (N, K), residual, out: (T, N)
@@ -197,6 +241,17 @@ def _stream(x_stored, weight, residual, add_residual, out):
     for task in prange((num_outputs + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         first, end = task * ROWS_PER_TASK, min(num_outputs, (task + 1) * ROWS_PER_TASK)
         done = 0                                           # rows already multiplied
+        if rows > BLOCK_ROWS:                              # many rows: blocks of four rows by four weight rows
+            done = whole_fours
+            n = first
+            while n + 4 <= end:
+                ahead = min(n + 4 * PREFETCH_AHEAD, num_outputs - 4)
+                for t in range(0, whole_fours, 4):
+                    _rows4_outputs4(weight, x, n, t, ahead, out)
+                n += 4
+            for n in range(n, end):                        # the task's last weight rows, if fewer than four
+                for t in range(0, whole_fours, 4):
+                    _rows4(weight, x, n, t, min(n + PREFETCH_AHEAD, num_outputs - 1), out)
         while weight.shape[1] > K_CHUNK and done + 8 <= whole_fours:   # long rows: eight at a time, in chunks
             _rows8_in_chunks(weight, x, first, end, done, out)
             done += 8

@@ -26,12 +26,14 @@ A few rows are (nearly) a matrix-vector product, which no library path above str
 speed (oneDNN's one-row product reads at about 20 GB/s here, two-thirds of the copy bandwidth, and
 its eight-row product takes 1.7 times its one-row product). So a float32 or bfloat16 Linear on a
 CPU also keeps its plain weight (bfloat16 as its bits, `kernels.bfloat16`), and up to `STREAM_ROWS`
-(12) rows it runs `engine.kernels.gemv_cpu`'s loop, which reads each weight once at about the copy
-bandwidth and multiplies it into eight rows at a time while it sits in a register. With oneDNN that
-is a second copy of the weights in memory (538 MB more for SmolLM2-135M in float32, 269 MB in
-bfloat16): the price of decode steps that run as whole compiled layers (`kernels.layer_cpu`), a
-quarter to a third shorter up to 12 sequences. In bfloat16 oneDNN's own product is as fast as the
-loop at 1-8 rows on a CPU with BF16 instructions, but only the loop runs inside a compiled layer.
+(64) rows it runs `engine.kernels.gemv_cpu`'s loop, which reads each weight once at about the copy
+bandwidth and multiplies it into eight rows at a time while it sits in a register (above eight rows,
+blocks of four rows by four weight rows). With oneDNN that is a second copy of the weights in memory
+(538 MB more for SmolLM2-135M in float32, 269 MB in bfloat16): the price of decode steps that run as
+whole compiled layers (`kernels.layer_cpu`), a quarter to a third shorter up to 12 sequences, and
+6-26% shorter from 16 to 48 (oneDNN's products part by part there before). In bfloat16 oneDNN's own
+product is as fast as the loop at 1-8 rows on a CPU with BF16 instructions, but only the loop runs
+inside a compiled layer. Above STREAM_ROWS rows (a prefill chunk) oneDNN's packed GEMM is faster.
 
     python scripts/linear_ab.py      # every path on this machine, for the model's shapes
 """
