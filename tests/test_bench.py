@@ -5,7 +5,7 @@ import json
 import pytest
 
 from minibatch.__main__ import main as cli
-from minibatch.bench import report, roofline
+from minibatch.bench import measure, report, roofline
 from minibatch.bench.suite import SYSTEM_NAMES, Scale, run_bench
 from minibatch.bench.check import compare, reference_outputs
 from minibatch.bench.peers import HFContinuous, HFGenerate
@@ -244,3 +244,15 @@ def test_bfloat16_against_vllm_is_judged_at_each_batch_size_only_on_a_cpu_with_n
     assert [g["measured"] for g in found] == [1.6, 0.9]
     assert [g["met"] for g in found] == ([True, False] if native else [None, None])
     assert native or all("no native BF16" in g["note"] for g in found)
+
+
+def test_a_run_waits_out_the_busy_loop_of_the_system_before_it(monkeypatch):
+    """vLLM's worker polls its queue for a second after a run: the next run starts after it, whatever system."""
+    slept = []
+    monkeypatch.setattr(measure.time, "sleep", slept.append)
+    quiet_one, busy_one = type("Quiet", (), {"busy_after_s": 0.0})(), type("Busy", (), {"busy_after_s": 1.5})()
+    quiet = measure.Quiet()
+    for system in (quiet_one, busy_one, quiet_one, quiet_one, busy_one, busy_one):
+        quiet.before(system)
+    assert slept == [1.5, 1.5]      # before the run after each busy run: the third and the sixth
+

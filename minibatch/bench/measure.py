@@ -7,9 +7,13 @@ alike. Each measured run's outputs are compared with the greedy reference of the
 matched. A system that runs only some max batch sizes (llama.cpp: batch 1) sits out the others. A peer
 that fails (its runner crashes or reports an error) is left out of every run after that, and the
 reason is kept with the results; the other systems run on. The order the runs actually took is kept
-with the results.
+with the results. A system whose processes keep a core busy for a while after a run (vLLM-CPU's worker
+polls its queue for a second) is waited out before the next run starts (`System.busy_after_s`), so no
+run is charged for the one before it.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -31,6 +35,18 @@ def spread(values) -> dict:
 
 def runs_at(system, batch_size: int) -> bool:
     return system.batch_sizes is None or batch_size in system.batch_sizes
+
+
+class Quiet:
+    """Waits, before a run, for the processes of the system that ran last to go idle (its busy_after_s)."""
+
+    def __init__(self):
+        self.last = None
+
+    def before(self, system) -> None:
+        if self.last is not None and self.last.busy_after_s > 0:
+            time.sleep(self.last.busy_after_s)
+        self.last = system
 
 
 def check(system, outputs, references: dict):
@@ -55,6 +71,7 @@ def run_offline(systems, workload: BenchWorkload, references: dict, batch_sizes,
             system.close()
             return None
 
+    quiet = Quiet()
     with tqdm(total=total, desc="offline", unit="run", disable=not use_tqdm) as bar:
         for bs in batch_sizes:
             here = [s for s in systems if runs_at(s, bs) and s.name not in failed]
@@ -67,6 +84,7 @@ def run_offline(systems, workload: BenchWorkload, references: dict, batch_sizes,
             for rep in range(reps):
                 for system in (s for s in here if s.name not in failed):
                     bar.set_postfix_str(f"{system.name} batch {bs}")
+                    quiet.before(system)
                     result = attempt(system, lambda: system.offline(served.prompts, served.output_lens))
                     if result is not None:
                         runs[system.name][bs].append((result, check(system, result.outputs, refs)))
@@ -102,13 +120,14 @@ def run_online(systems, workload: BenchWorkload, references: dict, batch_size_of
     order, runs = [], {s.name: {rate: [] for rate in rates} for s in systems}
     for system in systems:
         system.prepare(batch_size_of[system.name], workload.max_len)
-    n = len(workload.prompts)
+    n, quiet = len(workload.prompts), Quiet()
     with tqdm(total=len(rates) * reps * len(systems), desc="online", unit="run", disable=not use_tqdm) as bar:
         for rate in rates:
             arrivals = poisson_arrivals(rate, n, seed)
             for rep in range(reps):
                 for system in systems:
                     bar.set_postfix_str(f"{system.name} {rate:.2g} req/s")
+                    quiet.before(system)
                     result = system.online(workload.prompts, workload.output_lens, arrivals)
                     runs[system.name][rate].append((result.report.summary(), check(system, result.outputs, references)))
                     order.append({"system": system.name, "rate": rate, "rep": rep})

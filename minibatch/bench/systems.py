@@ -54,6 +54,7 @@ class System:
     batch_sizes = None             # the max batch sizes it can run (None: any)
     reference = "float32"          # the dtype of the transformers reference its tokens are checked against
     tie_tolerance = 0.0            # 0: tokens equal exactly; else equal up to the reference's first near tie
+    busy_after_s = 0.0             # seconds its processes keep a core busy after a run (the next run waits them out)
 
     def unavailable(self, model: str) -> str | None:
         """Why this system cannot run `model` here (not installed, another model), or None when it can."""
