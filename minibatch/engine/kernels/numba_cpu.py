@@ -18,11 +18,12 @@ eight-float vectors (`kernels.lanes`): a block's scores eight keys at a time, th
 loaded once for all eight (`_block_scores`); the weights exp(score - m) eight at a time (`exp8`,
 where scalar `np.exp` calls the C library once per score); the weighted values 32 columns at a
 time, held in four registers while the block's keys go by, so each value is loaded once and no
-running sum goes back to memory between keys (`_add_weighted_values`). Results differ from the torch reference only in the last bits (the
-order of the additions). Against the same loops in scalar Numba (`fastmath`, vectorised by the
-compiler where it could, `np.exp` per score), on a 2-core Intel Xeon, SmolLM2's shapes (9 query
-heads, 3 KV heads, D = 64, blocks of 16), median of 300 calls: 8 rows at context 48 took 34 us
-against 57, 32 rows at context 80 182 against 330, one row at context 500 36 against 75.
+running sum goes back to memory between keys (`_add_weighted_values`). Results differ from the
+torch reference only in the last bits (the order of the additions). Against the same loops in
+scalar Numba (`fastmath`, vectorised by the compiler where it could, `np.exp` per score), on a
+2-core Intel Xeon, SmolLM2's shapes (9 query heads, 3 KV heads, D = 64, blocks of 16), median of
+300 calls: 8 rows at context 48 took 34 us against 57, 32 rows at context 80 182 against 330, one
+row at context 500 36 against 75.
 
 Threads take contiguous shares of the pairs, and in a causal prefill a row sees as many keys as its
 position: in row order the thread with the later rows had three times the work of the other. So the
