@@ -42,7 +42,8 @@ def filter_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=logits.device)
     top_p = torch.tensor([p.top_p for p in params], device=logits.device)
     if (top_k < vocab).any() or (top_p < 1.0).any():
-        sorted_logits, order = torch.sort(logits, descending=True)          # (S, V)
+        sorted_logits, order = torch.sort(logits, descending=True, stable=True)  # (S, V): ties in index order,
+        # so the first of equal most likely tokens (the one argmax names) ranks first and always stays
         kth_largest = sorted_logits.gather(-1, (top_k - 1)[:, None])        # (S, 1)
         drop = sorted_logits < kth_largest                                   # ties with the k-th stay
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
