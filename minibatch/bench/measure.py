@@ -38,14 +38,16 @@ def runs_at(system, batch_size: int) -> bool:
 
 
 class Quiet:
-    """Waits, before a run, for the processes of the system that ran last to go idle (its busy_after_s)."""
+    """Waits, before a run, for the processes of the system that ran last to go idle (its busy_after_s;
+    a system that declares none has no busy loop)."""
 
     def __init__(self):
         self.last = None
 
     def before(self, system) -> None:
-        if self.last is not None and self.last.busy_after_s > 0:
-            time.sleep(self.last.busy_after_s)
+        busy_after_s = getattr(self.last, "busy_after_s", 0.0)
+        if busy_after_s > 0:
+            time.sleep(busy_after_s)
         self.last = system
 
 

@@ -31,6 +31,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ChildServer:
     """Run `command` (which serves on `url`) until stopped; the constructor returns once it is healthy."""
 
+    busy_after_s = 0.0        # seconds its processes keep a core busy after a request (a run after it waits)
+
     def __init__(self, command: list[str], url: str, env: dict, ready_timeout_s: float, log_prefix: str):
         self.url = url
         self.log = tempfile.NamedTemporaryFile("w+", prefix=log_prefix, suffix=".log")

@@ -23,6 +23,10 @@ from minibatch.serving.child import ChildServer, free_port
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 CPU_BLOCK_MULTIPLE = 32      # vLLM-CPU's attention kernel refuses other block sizes
+# vLLM-CPU's worker polls its engine's shared-memory queue for a second after its last read (vLLM's
+# shm_broadcast, busy_loop_s = 1): a run started at once would share a core with that loop, so a run
+# that follows one of vLLM's waits this long first.
+VLLM_BUSY_AFTER_S = 1.5
 
 
 def vllm_executable() -> Path | None:
@@ -48,6 +52,8 @@ def vllm_flags(config: EngineConfig, served_name: str = "smollm2-135m") -> list[
 
 class VllmServer(ChildServer):
     """`vllm serve` in a child process on a free loopback port, configured like `config`."""
+
+    busy_after_s = VLLM_BUSY_AFTER_S
 
     def __init__(self, config: EngineConfig, host: str = "127.0.0.1", ready_timeout_s: float = 600):
         executable = vllm_executable()
