@@ -125,4 +125,4 @@ def test_a_server_that_is_not_there_is_a_reported_failure():
     url = f"http://127.0.0.1:{free_port('127.0.0.1')}"                # nothing listens there
     request = WorkloadRequest(0.0, "Hi", SamplingParams(max_new_tokens=2))
     report = loadtest.run(url, [request], model="m", use_tqdm=False)
-    assert report.summary()["failed"] == 1 and report.errors[0].startswith("request 0: ConnectError")
+    assert report.summary()["failed"] == 1 and report.errors[0].startswith("request 0: ClientConnectorError")
