@@ -9,3 +9,4 @@ the benchmarks or the course: they build on the engine, never the other way roun
 plugs in through the engine's own interfaces (`parts.ModelParts`, `clock.Clock`); `minibatch.llm`
 joins the wings.
 """
+from minibatch.engine import numba_target  # noqa: F401  (first: it sets what Numba compiles for)

@@ -24,18 +24,12 @@ already be fetching the weights it reads next, or the two add up instead of over
 CPU's own prefetcher guesses that for a plain stream, but not always early enough; here each loop
 also asks for the weight row PREFETCH_AHEAD rows ahead (`prefetch`: once per 64-byte cache line,
 into the second-level cache). How far ahead, and with which hint, matters more on some CPUs than on
-others, so both were measured on three. On a 2-core AMD EPYC (Zen 3, AVX2), 6, 12 or 24 rows ahead
-and either hint were the same within noise. On a 2-core Intel Xeon (AVX-512), eight rows of this
-loop took, in interleaved runs: 34-39 ms with no hint; 61 ms asking 12 rows ahead into every cache
-level (`prefetcht0`) or with the hint for data read once (`prefetchnta`, which leaves the line in
-the first-level cache only, where it is pushed out before it is read), 69 ms 4 ahead with
-`prefetchnta`; 21-25 ms with `prefetcht0` 1 to 4 rows ahead. On a 2-core AMD EPYC with AVX-512
-(Zen 4), the model's products (30 layers and the LM head) at eight rows: 38.7 ms with no hint,
-27.9 ms with `prefetcht0` 2 rows ahead (this file's choice before), 24.2-24.7 ms with `prefetcht1`
-(into the second-level cache) 4 to 16 rows ahead; at one row 23.7-24.7 ms with no hint or
-`prefetcht0`, 18.7-19.2 ms with `prefetcht1` 4 to 16 ahead. Whole decode steps at batch 1 went
-from 23.4-25.7 to 18.1-20.1 ms (three alternating pairs of processes). So the hint is `prefetcht1`,
-4 rows ahead: near the Xeon's best distance, and the Zen 4's best hint.
+others, so both were measured on three CPUs. On a Zen 3 EPYC (AVX2) 6 to 24 rows ahead and either
+hint were the same within noise; on a 2-core AVX-512 Xeon, eight rows took 34-39 ms with no hint, 61-69
+ms with hints that reached the first-level cache too early (`prefetcht0` 12 ahead, `prefetchnta`) and
+21-25 ms with `prefetcht0` 1 to 4 ahead; on a Zen 4 EPYC (AVX-512), the model's products at eight
+rows took 38.7 ms with no hint, 27.9 with `prefetcht0` 2 ahead and 24.2-24.7 with `prefetcht1` 4 to
+16 ahead (one row: 23.7-24.7 -> 18.7-19.2 ms). So the hint is `prefetcht1`, 4 rows ahead.
 
 Eight rows of x are read again for every weight row, so they must stay in the first-level cache, which
 holds 32 KB on many CPUs. For SmolLM2's down projection (1536 columns) eight rows are 48 KB: on the
@@ -72,6 +66,11 @@ scripts/linear_ab.py --rows 9 12 16 24 32 48 64 96`, the 30 layers' products and
 At 32 rows that is 8.6 GFLOP in 53 ms, 162 GFLOP/s, near the 150-196 GFLOP/s a large GEMM reaches
 there: past a few dozen rows a step is compute-bound, as the roofline says. So `models.linear.Linear`
 uses this loop for up to STREAM_ROWS (64) rows, and oneDNN above, where its packed GEMM wins.
+A block loads half a vector per multiply-add where eight rows against one weight row load more than
+one, so on a CPU with AVX-512 blocks run in sixteen lanes (`kernels.lanes16`; eight elsewhere) and
+start above four rows (BLOCK_ROWS). On a 2-core Xeon with AVX-512 (`python scripts/linear_ab.py`, layers
+and head), the products at 8 / 12 / 16 / 32 / 64 rows took 22.6 / 27.3 / 33.9 / 55.7 / 94.5 ms against
+26.7 / 33.1 / 39.9 / 62.8 / 107.9 ms in eight lanes with blocks above eight rows; one row 19.8 ms.
 
 In bfloat16 the same loop reads the weight's bits (`kernels.bfloat16`): each eight 2-byte weights are
 loaded at once and widened to floats in the register (a shift of each lane by 16 bits), x is widened
@@ -90,12 +89,13 @@ from numba import njit, prange
 
 from minibatch.engine.kernels.bfloat16 import as_float32, get, host_view, put
 from minibatch.engine.kernels.lanes import LANES, fma8, lane, load8, prefetch, sum8, sums8, zero8
+from minibatch.engine.kernels.lanes16 import LANES16, WIDE, fma16, fold16, load16, zero16
 
 STREAM_ROWS = 64       # up to this many rows this loop beats oneDNN's packed GEMM (see above)
 ROWS_PER_TASK = 32     # weight rows a thread takes at a time
 PREFETCH_AHEAD = 4     # the weight row asked for while this one is multiplied
 LINE = 16              # float32 values in a 64-byte cache line
-BLOCK_ROWS = 8         # above this many rows, blocks of four rows by four weight rows (`_rows4_outputs4`)
+BLOCK_ROWS = 4 if WIDE else 8   # above this many rows, blocks of four rows by four weight rows (see above)
 K_CHUNK = 768          # columns eight rows of x take at a time: 8 x 768 float32 = 24 KB, inside a 32 KB L1 cache
 
 
@@ -203,30 +203,40 @@ def _row1_outputs4(weight, x, n, t, ahead, out):
 
 
 @njit(inline="always")
+def _same(v):
+    return v
+
+
+# The block loop's vectors: sixteen lanes where the CPU has 512-bit registers (`kernels.lanes16`), else eight
+BLOCK_LANES, _zero, _load, _fma, _fold = (LANES16, zero16, load16, fma16, fold16) if WIDE else (
+    LANES, zero8, load8, fma8, _same)
+
+
+@njit(inline="always")
 def _rows4_outputs4(weight, x, n, t, ahead, out):
     """out[t:t+4, n:n+4] = x[t:t+4] . weight[n:n+4]: a block of four rows by four weight rows, sixteen running
     sums, eight vectors loaded for sixteen multiply-adds."""
-    s00, s01, s02, s03 = zero8(), zero8(), zero8(), zero8()    # s<i><j>: row t + i against weight row n + j
-    s10, s11, s12, s13 = zero8(), zero8(), zero8(), zero8()
-    s20, s21, s22, s23 = zero8(), zero8(), zero8(), zero8()
-    s30, s31, s32, s33 = zero8(), zero8(), zero8(), zero8()
-    last = weight.shape[1] - weight.shape[1] % LANES
-    for k in range(0, last, LANES):
+    s00, s01, s02, s03 = _zero(), _zero(), _zero(), _zero()    # s<i><j>: row t + i against weight row n + j
+    s10, s11, s12, s13 = _zero(), _zero(), _zero(), _zero()
+    s20, s21, s22, s23 = _zero(), _zero(), _zero(), _zero()
+    s30, s31, s32, s33 = _zero(), _zero(), _zero(), _zero()
+    last = weight.shape[1] - weight.shape[1] % BLOCK_LANES
+    for k in range(0, last, BLOCK_LANES):
         if k % LINE == 0:
             for j in range(4):
                 prefetch(weight, ahead + j, k)
-        w0, w1, w2, w3 = load8(weight, n, k), load8(weight, n + 1, k), load8(weight, n + 2, k), load8(weight, n + 3, k)
-        v = load8(x, t, k)
-        s00, s01, s02, s03 = fma8(v, w0, s00), fma8(v, w1, s01), fma8(v, w2, s02), fma8(v, w3, s03)
-        v = load8(x, t + 1, k)
-        s10, s11, s12, s13 = fma8(v, w0, s10), fma8(v, w1, s11), fma8(v, w2, s12), fma8(v, w3, s13)
-        v = load8(x, t + 2, k)
-        s20, s21, s22, s23 = fma8(v, w0, s20), fma8(v, w1, s21), fma8(v, w2, s22), fma8(v, w3, s23)
-        v = load8(x, t + 3, k)
-        s30, s31, s32, s33 = fma8(v, w0, s30), fma8(v, w1, s31), fma8(v, w2, s32), fma8(v, w3, s33)
-    rows01 = sums8(s00, s01, s02, s03, s10, s11, s12, s13)       # lane 4 i + j: row t + i, weight row n + j
-    rows23 = sums8(s20, s21, s22, s23, s30, s31, s32, s33)
-    for i in range(2):
+        w0, w1, w2, w3 = _load(weight, n, k), _load(weight, n + 1, k), _load(weight, n + 2, k), _load(weight, n + 3, k)
+        v = _load(x, t, k)
+        s00, s01, s02, s03 = _fma(v, w0, s00), _fma(v, w1, s01), _fma(v, w2, s02), _fma(v, w3, s03)
+        v = _load(x, t + 1, k)
+        s10, s11, s12, s13 = _fma(v, w0, s10), _fma(v, w1, s11), _fma(v, w2, s12), _fma(v, w3, s13)
+        v = _load(x, t + 2, k)
+        s20, s21, s22, s23 = _fma(v, w0, s20), _fma(v, w1, s21), _fma(v, w2, s22), _fma(v, w3, s23)
+        v = _load(x, t + 3, k)
+        s30, s31, s32, s33 = _fma(v, w0, s30), _fma(v, w1, s31), _fma(v, w2, s32), _fma(v, w3, s33)
+    rows01 = sums8(_fold(s00), _fold(s01), _fold(s02), _fold(s03), _fold(s10), _fold(s11), _fold(s12), _fold(s13))
+    rows23 = sums8(_fold(s20), _fold(s21), _fold(s22), _fold(s23), _fold(s30), _fold(s31), _fold(s32), _fold(s33))
+    for i in range(2):                                           # lane 4 i + j: row t + i, weight row n + j
         for j in range(4):
             put(out, (t + i, n + j), lane(rows01, 4 * i + j) + _rest(weight, x, n + j, t + i, last))
             put(out, (t + 2 + i, n + j), lane(rows23, 4 * i + j) + _rest(weight, x, n + j, t + 2 + i, last))
