@@ -115,8 +115,8 @@ def test_the_streamed_loop_in_bfloat16_rounds_the_product_then_its_sum_with_the_
 @pytest.mark.parametrize("rows", [*range(1, 26), 63, 64])
 def test_the_streamed_loop_at_every_grouping_of_rows(rows):
     """Up to BLOCK_ROWS rows go eight, then four, then one at a time; more in blocks of four rows by four weight
-    rows (45 weight rows: a thread's task of 32, then 13, the last one alone), then one at a time: every mix
-    equals F.linear."""
+    rows (45 weight rows: a thread's task of 32, then 13, the last one alone), then one at a time, or two or three
+    in a block overlapping the one before: every mix equals F.linear."""
     generator = torch.Generator().manual_seed(rows)
     x, weight = torch.randn(rows, 77, generator=generator), torch.randn(45, 77, generator=generator)
     residual = torch.randn(rows, 45, generator=generator)

@@ -48,9 +48,7 @@ interleaved runs), against oneDNN with the weight prepacked and MKL's `F.linear`
     F.linear   20.4 ms  21.7 ms  34.5 ms  36.2 ms  41.8 ms  50.2 ms  48.1 ms
     streamed   20.8 ms  23.4 ms  25.8 ms  32.9 ms  29.0 ms  36.3 ms  41.2 ms
 
-(a slower hour than the figures above). Before `_row1_outputs4`, one row through this loop took
-1.2-1.3x MKL's `F.linear` there. With it, whole decode steps at batch 1 took 24.9 ms against
-28.5-31.8 ms without (three interleaved pairs of processes); at batch 8 it changes nothing.
+(a slower hour than the figures above). `_row1_outputs4` made batch-1 decode steps 24.9 ms from 28.5-31.8.
 
 Above BLOCK_ROWS rows the weight row's reuse is the limit, not the memory: eight rows of x are read
 for each weight vector, and thirty-two rows of x (73 KB at 576 columns) no longer fit the first-level
@@ -70,7 +68,8 @@ A block loads half a vector per multiply-add where eight rows against one weight
 one, so on a CPU with AVX-512 blocks run in sixteen lanes (`kernels.lanes16`; eight elsewhere) and
 start above four rows (BLOCK_ROWS). On a 2-core Xeon with AVX-512 (`python scripts/linear_ab.py`, layers
 and head), the products at 8 / 12 / 16 / 32 / 64 rows took 22.6 / 27.3 / 33.9 / 55.7 / 94.5 ms against
-26.7 / 33.1 / 39.9 / 62.8 / 107.9 ms in eight lanes with blocks above eight rows; one row 19.8 ms.
+26.7 / 33.1 / 39.9 / 62.8 / 107.9 ms in eight lanes with blocks above eight rows; one row 19.8 ms. Two or
+three rows left over go in a block that overlaps the one before: six / seven rows 25.2 / 25.6 ms, not 28.8 / 33.5.
 
 In bfloat16 the same loop reads the weight's bits (`kernels.bfloat16`): each eight 2-byte weights are
 loaded at once and widened to floats in the register (a shift of each lane by 16 bits), x is widened
@@ -251,17 +250,22 @@ def _stream(x_stored, weight, residual, add_residual, out):
     for task in prange((num_outputs + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         first, end = task * ROWS_PER_TASK, min(num_outputs, (task + 1) * ROWS_PER_TASK)
         done = 0                                           # rows already multiplied
-        if rows > BLOCK_ROWS:                              # many rows: blocks of four rows by four weight rows
-            done = whole_fours
-            n = first
+        if rows > BLOCK_ROWS:                              # many rows: blocks of four rows by four weight rows;
+            overlap = rows % 4 >= 2                        # two or three rows left: in a block overlapping the
+            done = rows if overlap else whole_fours        # one before (the same sums written twice), cheaper
+            n = first                                      # than streaming the weight again for each
             while n + 4 <= end:
                 ahead = min(n + 4 * PREFETCH_AHEAD, num_outputs - 4)
                 for t in range(0, whole_fours, 4):
                     _rows4_outputs4(weight, x, n, t, ahead, out)
+                if overlap:
+                    _rows4_outputs4(weight, x, n, rows - 4, ahead, out)
                 n += 4
             for n in range(n, end):                        # the task's last weight rows, if fewer than four
                 for t in range(0, whole_fours, 4):
                     _rows4(weight, x, n, t, min(n + PREFETCH_AHEAD, num_outputs - 1), out)
+                if overlap:
+                    _rows4(weight, x, n, rows - 4, min(n + PREFETCH_AHEAD, num_outputs - 1), out)
         while weight.shape[1] > K_CHUNK and done + 8 <= whole_fours:   # long rows: eight at a time, in chunks
             _rows8_in_chunks(weight, x, first, end, done, out)
             done += 8
@@ -273,7 +277,7 @@ def _stream(x_stored, weight, residual, add_residual, out):
                 t += 8
             if t < whole_fours:
                 _rows4(weight, x, n, t, ahead, out)
-        for t in range(whole_fours, rows):                 # the last rows % 4 rows, four weight rows at a time
+        for t in range(max(done, whole_fours), rows):      # the last rows % 4 rows, four weight rows at a time
             n = first
             while n + 4 <= end:
                 _row1_outputs4(weight, x, n, t, min(n + 4 * PREFETCH_AHEAD, num_outputs - 4), out)
