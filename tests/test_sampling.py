@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibatch import LLM, EngineConfig, SamplingParams
-from minibatch.engine.sampling import filter_logits
+from minibatch.engine.sampling import filter_logits, most_likely
 
 
 def kept(logits, **kw):
@@ -21,6 +21,17 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert kept(logits, top_p=0.8) == [True, True, False, False]
     assert kept(logits, top_p=0.81) == [True, True, True, False]
     assert kept(logits, top_p=1.0) == [True, True, True, True]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 40), st.data())
+def test_most_likely_is_torch_argmax_ties_and_nans_included(rows, vocab, data):
+    # few distinct values, so ties are common; NaN and infinities as the model could produce them
+    value = st.sampled_from([0.0, 1.0, -1.0, 2.5, float("inf"), float("-inf"), float("nan")])
+    logits = torch.tensor(data.draw(st.lists(value, min_size=rows * vocab, max_size=rows * vocab))).reshape(rows, vocab)
+    assert most_likely(logits) == logits.argmax(dim=-1).tolist()
+    assert most_likely(logits.t().contiguous().t()) == logits.argmax(dim=-1).tolist()   # a non-contiguous view
+    assert most_likely(logits.to(torch.bfloat16)) == logits.to(torch.bfloat16).argmax(dim=-1).tolist()
 
 
 @settings(max_examples=50, deadline=None)

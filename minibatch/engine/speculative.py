@@ -31,7 +31,7 @@ from minibatch.engine.kernels import AttentionMetadata
 from minibatch.engine.kv import KVCache
 from minibatch.engine.models import load_model
 from minibatch.engine.models.llama import LlamaModel
-from minibatch.engine.sampling import PlainDecoder, filter_logits
+from minibatch.engine.sampling import PlainDecoder, filter_logits, most_likely
 
 
 def expected_tokens_per_step(acceptance_rate: float, k: int) -> float:
@@ -140,7 +140,7 @@ class ModelProposer:
     def _pick(self, logits, request, sampler):
         """The draft token from one row of logits (V,), and the distribution q it was drawn from."""
         if request.params.greedy:
-            return int(logits.argmax()), None
+            return most_likely(logits[None])[0], None
         q = filter_logits(logits.float().cpu(), request.params).softmax(-1)   # (V,)
         return int(torch.multinomial(q, 1, generator=sampler.generator(request.request_id, request.params))), q
 
@@ -184,7 +184,7 @@ class Speculator:
         """logits (rows, V): 1 + len(drafts) rows per sampling sequence. Returns the tokens each one
         produced, no log-probabilities (the engine refuses `logprobs` when speculating), and
         (drafted, accepted) for each sequence that had drafts."""
-        greedy_rows = logits.argmax(dim=-1).tolist()
+        greedy_rows = most_likely(logits)
         outputs, outcomes, row = [], [], 0
         for seq in (s for s in plan.seqs if s.samples):
             r, drafts = seq.request, seq.draft_token_ids

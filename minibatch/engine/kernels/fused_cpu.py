@@ -62,13 +62,15 @@ def _rms_norm(x, weight, eps, out):
             put(out, (t, c), get(weight, c) * as_stored(out, get(x, (t, c)) * inv_rms))      # its product by weight
 
 
-@njit(nogil=True, cache=True)
+@njit(inline="always")
 def _rotate(x, base, cos, signed_sin, out):
     """out (D,) = x[base:base + D] * cos + rotate_half(x[base:base + D]) * sin."""
-    half = out.shape[0] // 2
-    for d in range(2 * half):                              # each product rounded, then their sum
-        pair = base + d + half if d < half else base + d - half       # rotate_half's partner of column d
-        put(out, d, as_stored(out, get(x, base + d) * get(cos, d)) + as_stored(out, get(x, pair) * get(signed_sin, d)))
+    half = out.shape[0] // 2                               # each product rounded, then their sum; rotate_half's
+    for d in range(half):                                  # partner of column d is d + half in the first half,
+        put(out, d, as_stored(out, get(x, base + d) * get(cos, d))            # d - half in the second: two plain
+            + as_stored(out, get(x, base + d + half) * get(signed_sin, d)))  # loops, which the compiler vectorises
+    for d in range(half, 2 * half):
+        put(out, d, as_stored(out, get(x, base + d) * get(cos, d)) + as_stored(out, get(x, base + d - half) * get(signed_sin, d)))
 
 
 @njit(nogil=True, cache=True)
