@@ -70,7 +70,8 @@ def _rotate(x, base, cos, signed_sin, out):
         put(out, d, as_stored(out, get(x, base + d) * get(cos, d))            # d - half in the second: two plain
             + as_stored(out, get(x, base + d + half) * get(signed_sin, d)))  # loops, which the compiler vectorises
     for d in range(half, 2 * half):
-        put(out, d, as_stored(out, get(x, base + d) * get(cos, d)) + as_stored(out, get(x, base + d - half) * get(signed_sin, d)))
+        put(out, d, as_stored(out, get(x, base + d) * get(cos, d))
+            + as_stored(out, get(x, base + d - half) * get(signed_sin, d)))
 
 
 @njit(nogil=True, cache=True)
