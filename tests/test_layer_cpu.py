@@ -1,10 +1,14 @@
 """A decode step's layers as whole compiled calls compute what the layer run part by part computes."""
+import pathlib
+
 import numpy as np
 import pytest
 
 from minibatch import LLM, EngineConfig, SamplingParams
-from minibatch.engine.kernels import layer_cpu, numba_cpu, torch_ref
+from minibatch.engine.kernels import (bfloat16, gemv_blocks_cpu, gemv_cpu, lanes, lanes16, layer_cpu, numba_cpu,
+                                     torch_ref)
 from minibatch.engine.kernels.gemv_cpu import STREAM_ROWS
+from minibatch.engine.kernels.stale_cache import digest, forget_stale
 
 PROMPTS = ["The cat sat on", "Once upon a time, in a land far away,", "1, 2, 3,", "Paris is the capital of"]
 
@@ -85,11 +89,16 @@ def test_a_changed_kernel_file_drops_the_cached_layer(tmp_path, monkeypatch):
     flushed = []
     cache = type("Cache", (), {"cache_path": str(tmp_path / "cache"), "flush": lambda self: flushed.append(1)})()
     monkeypatch.setattr(layer_cpu._layer, "_cache", cache)
-    layer_cpu.forget_stale_layer()                         # no stamp yet: compiled afresh, stamp written
-    stamp = tmp_path / "cache" / "layer_cpu.callees.sha256"
-    assert flushed == [1] and stamp.read_text() == layer_cpu.callees_digest()
-    layer_cpu.forget_stale_layer()                         # nothing changed: the cached code stands
+    forget_stale(layer_cpu._layer, layer_cpu.CALLEES)      # no stamp yet: compiled afresh, stamp written
+    stamp = tmp_path / "cache" / "_layer.callees.sha256"
+    assert flushed == [1] and stamp.read_text() == digest(layer_cpu.CALLEES)
+    forget_stale(layer_cpu._layer, layer_cpu.CALLEES)      # nothing changed: the cached code stands
     assert flushed == [1]
     stamp.write_text("a digest of kernel files as they were before an edit")
-    layer_cpu.forget_stale_layer()
-    assert flushed == [1, 1] and stamp.read_text() == layer_cpu.callees_digest()
+    forget_stale(layer_cpu._layer, layer_cpu.CALLEES)
+    assert flushed == [1, 1] and stamp.read_text() == digest(layer_cpu.CALLEES)
+
+
+def test_the_streamed_product_keeps_a_stamp_of_the_files_it_compiles_in():
+    stamp = pathlib.Path(gemv_cpu._stream._cache.cache_path) / "_stream.callees.sha256"
+    assert stamp.read_text() == digest((bfloat16, gemv_blocks_cpu, lanes, lanes16))

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minibatch.engine.kernels.bfloat16 import host_view
+from minibatch.engine.kernels.gemv_blocks_cpu import CHUNKED_ROWS
 from minibatch.engine.kernels.gemv_cpu import K_CHUNK, STREAM_ROWS, streamed_linear
 from minibatch.engine.models.linear import PATHS, SMALL_BATCH_ROWS, Linear, best_path, linear, onednn_supports
 
@@ -125,12 +126,13 @@ def test_the_streamed_loop_at_every_grouping_of_rows(rows):
                                rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("rows", [8, 12, 16, 19])
+@pytest.mark.parametrize("rows", [5, 6, 7, 8, 11, 12, 16, 19, CHUNKED_ROWS, CHUNKED_ROWS + 2])
 @pytest.mark.parametrize("width", [K_CHUNK + 1, 2 * K_CHUNK + 13, 3 * K_CHUNK])   # chunks, a tail, whole chunks
 def test_rows_longer_than_a_chunk_are_summed_chunk_by_chunk_to_the_same_product(rows, width):
-    """Up to BLOCK_ROWS rows, eight rows of x at a time over columns in chunks of at most K_CHUNK (so they stay in
-    the first-level cache), the sums kept in float32 across chunks; the other rows as before; bfloat16 rounded once
-    at the end."""
+    """Over columns in chunks (so the rows of x stay in the first-level cache), the sums kept in float32 across
+    chunks: eight rows of x at a time up to BLOCK_ROWS rows, above it blocks of four by four (one of them
+    overlapping the one before where two or three rows are left, only their new rows counted) up to CHUNKED_ROWS
+    rows; the other rows and weight rows (70: tasks of 32, 32 and 6) as before; bfloat16 rounded once at the end."""
     generator = torch.Generator().manual_seed(rows + width)
     x, weight = torch.randn(rows, width, generator=generator), torch.randn(70, width, generator=generator)
     residual = torch.randn(rows, 70, generator=generator)

@@ -50,26 +50,10 @@ interleaved runs), against oneDNN with the weight prepacked and MKL's `F.linear`
 
 (a slower hour than the figures above). `_row1_outputs4` made batch-1 decode steps 24.9 ms from 28.5-31.8.
 
-Above BLOCK_ROWS rows the weight row's reuse is the limit, not the memory: eight rows of x are read
-for each weight vector, and thirty-two rows of x (73 KB at 576 columns) no longer fit the first-level
-cache. So there the rows go in blocks of four rows by four weight rows (`_rows4_outputs4`): sixteen
-running sums, eight vectors loaded for sixteen multiply-adds, the four weight rows read from memory
-once and from the cache for every other block of rows. On the AVX-512 EPYC (`python
-scripts/linear_ab.py --rows 9 12 16 24 32 48 64 96`, the 30 layers' products and the LM head):
-
-    rows          9       12       16       24       32       48       64       96
-    oneDNN     34.4 ms  37.3 ms  37.6 ms  44.0 ms  56.5 ms  93.2 ms   116 ms   142 ms
-    streamed   29.0 ms  28.6 ms  36.6 ms  40.0 ms  53.3 ms  83.8 ms   104 ms   167 ms
-
-At 32 rows that is 8.6 GFLOP in 53 ms, 162 GFLOP/s, near the 150-196 GFLOP/s a large GEMM reaches
-there: past a few dozen rows a step is compute-bound, as the roofline says. So `models.linear.Linear`
-uses this loop for up to STREAM_ROWS (64) rows, and oneDNN above, where its packed GEMM wins.
-A block loads half a vector per multiply-add where eight rows against one weight row load more than
-one, so on a CPU with AVX-512 blocks run in sixteen lanes (`kernels.lanes16`; eight elsewhere) and
-start above four rows (BLOCK_ROWS). On a 2-core Xeon with AVX-512 (`python scripts/linear_ab.py`, layers
-and head), the products at 8 / 12 / 16 / 32 / 64 rows took 22.6 / 27.3 / 33.9 / 55.7 / 94.5 ms against
-26.7 / 33.1 / 39.9 / 62.8 / 107.9 ms in eight lanes with blocks above eight rows; one row 19.8 ms. Two or
-three rows left over go in a block that overlaps the one before: six / seven rows 25.2 / 25.6 ms, not 28.8 / 33.5.
+Above BLOCK_ROWS rows the rows go in blocks of four rows by four weight rows (`kernels.gemv_blocks_cpu`,
+which says why and what it measured, and holds the constants both use: PREFETCH_AHEAD, LINE, K_CHUNK).
+`models.linear.Linear` uses this loop for up to STREAM_ROWS (64) rows, and oneDNN above, where its packed
+GEMM wins.
 
 In bfloat16 the same loop reads the weight's bits (`kernels.bfloat16`): each eight 2-byte weights are
 loaded at once and widened to floats in the register (a shift of each lane by 16 bits), x is widened
@@ -78,7 +62,7 @@ output is rounded to bfloat16 as it is stored, then again after the residual is 
 transformers rounds `residual + product`. Half the bytes read: on a 2-core AMD EPYC with AVX-512,
 the 30 layers' and the LM head's products at one row 15.6 ms against float32's 26 ms (`python
 scripts/linear_ab.py --dtype bfloat16`).
-Compiled code is cached on disk (`cache=True`).
+Compiled code is cached on disk (`cache=True`), and dropped when a file it compiles in changes (`kernels.stale_cache`).
 """
 from __future__ import annotations
 
@@ -86,25 +70,15 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from minibatch.engine.kernels import bfloat16, gemv_blocks_cpu, lanes, lanes16
 from minibatch.engine.kernels.bfloat16 import as_float32, get, host_view, put
+from minibatch.engine.kernels.gemv_blocks_cpu import (BLOCK_ROWS, K_CHUNK, LINE, PREFETCH_AHEAD, _rest,
+                                                     _rows4_outputs4, blocks_in_chunks, chunks_columns)
 from minibatch.engine.kernels.lanes import LANES, fma8, lane, load8, prefetch, sum8, sums8, zero8
-from minibatch.engine.kernels.lanes16 import LANES16, WIDE, fma16, fold16, load16, zero16
+from minibatch.engine.kernels.stale_cache import forget_stale
 
 STREAM_ROWS = 64       # up to this many rows this loop beats oneDNN's packed GEMM (see above)
 ROWS_PER_TASK = 32     # weight rows a thread takes at a time
-PREFETCH_AHEAD = 4     # the weight row asked for while this one is multiplied
-LINE = 16              # float32 values in a 64-byte cache line
-BLOCK_ROWS = 4 if WIDE else 8   # above this many rows, blocks of four rows by four weight rows (see above)
-K_CHUNK = 768          # columns eight rows of x take at a time: 8 x 768 float32 = 24 KB, inside a 32 KB L1 cache
-
-
-@njit(inline="always")
-def _rest(weight, x, n, t, start):
-    """x[t, start:] . weight[n, start:]: the last K % 8 products, one by one (none when 8 divides K)."""
-    total = np.float32(0.0)
-    for k in range(start, weight.shape[1]):
-        total += x[t, k] * get(weight, (n, k))
-    return total
 
 
 @njit(inline="always")
@@ -201,46 +175,6 @@ def _row1_outputs4(weight, x, n, t, ahead, out):
         put(out, (t, n + i), lane(sums, i) + _rest(weight, x, n + i, t, last))
 
 
-@njit(inline="always")
-def _same(v):
-    return v
-
-
-# The block loop's vectors: sixteen lanes where the CPU has 512-bit registers (`kernels.lanes16`), else eight
-BLOCK_LANES, _zero, _load, _fma, _fold = (LANES16, zero16, load16, fma16, fold16) if WIDE else (
-    LANES, zero8, load8, fma8, _same)
-
-
-@njit(inline="always")
-def _rows4_outputs4(weight, x, n, t, ahead, out):
-    """out[t:t+4, n:n+4] = x[t:t+4] . weight[n:n+4]: a block of four rows by four weight rows, sixteen running
-    sums, eight vectors loaded for sixteen multiply-adds."""
-    s00, s01, s02, s03 = _zero(), _zero(), _zero(), _zero()    # s<i><j>: row t + i against weight row n + j
-    s10, s11, s12, s13 = _zero(), _zero(), _zero(), _zero()
-    s20, s21, s22, s23 = _zero(), _zero(), _zero(), _zero()
-    s30, s31, s32, s33 = _zero(), _zero(), _zero(), _zero()
-    last = weight.shape[1] - weight.shape[1] % BLOCK_LANES
-    for k in range(0, last, BLOCK_LANES):
-        if k % LINE == 0:
-            for j in range(4):
-                prefetch(weight, ahead + j, k)
-        w0, w1, w2, w3 = _load(weight, n, k), _load(weight, n + 1, k), _load(weight, n + 2, k), _load(weight, n + 3, k)
-        v = _load(x, t, k)
-        s00, s01, s02, s03 = _fma(v, w0, s00), _fma(v, w1, s01), _fma(v, w2, s02), _fma(v, w3, s03)
-        v = _load(x, t + 1, k)
-        s10, s11, s12, s13 = _fma(v, w0, s10), _fma(v, w1, s11), _fma(v, w2, s12), _fma(v, w3, s13)
-        v = _load(x, t + 2, k)
-        s20, s21, s22, s23 = _fma(v, w0, s20), _fma(v, w1, s21), _fma(v, w2, s22), _fma(v, w3, s23)
-        v = _load(x, t + 3, k)
-        s30, s31, s32, s33 = _fma(v, w0, s30), _fma(v, w1, s31), _fma(v, w2, s32), _fma(v, w3, s33)
-    rows01 = sums8(_fold(s00), _fold(s01), _fold(s02), _fold(s03), _fold(s10), _fold(s11), _fold(s12), _fold(s13))
-    rows23 = sums8(_fold(s20), _fold(s21), _fold(s22), _fold(s23), _fold(s30), _fold(s31), _fold(s32), _fold(s33))
-    for i in range(2):                                           # lane 4 i + j: row t + i, weight row n + j
-        for j in range(4):
-            put(out, (t + i, n + j), lane(rows01, 4 * i + j) + _rest(weight, x, n + j, t + i, last))
-            put(out, (t + 2 + i, n + j), lane(rows23, 4 * i + j) + _rest(weight, x, n + j, t + 2 + i, last))
-
-
 @njit(parallel=True, nogil=True, cache=True)
 def _stream(x_stored, weight, residual, add_residual, out):
     x = as_float32(x_stored)                               # x: (T, K), weight: (N, K), residual, out: (T, N)
@@ -254,6 +188,8 @@ def _stream(x_stored, weight, residual, add_residual, out):
             overlap = rows % 4 >= 2                        # two or three rows left: in a block overlapping the
             done = rows if overlap else whole_fours        # one before (the same sums written twice), cheaper
             n = first                                      # than streaming the weight again for each
+            if chunks_columns(weight, rows):               # long weight rows: their columns a chunk at a time
+                n = blocks_in_chunks(weight, x, first, end, overlap, out)
             while n + 4 <= end:
                 ahead = min(n + 4 * PREFETCH_AHEAD, num_outputs - 4)
                 for t in range(0, whole_fours, 4):
@@ -288,6 +224,9 @@ def _stream(x_stored, weight, residual, add_residual, out):
             for n in range(first, end):
                 for t in range(rows):                      # the product rounded, then its sum with the residual
                     put(out, (t, n), get(out, (t, n)) + get(residual, (t, n)))
+
+
+forget_stale(_stream, (bfloat16, gemv_blocks_cpu, lanes, lanes16))    # the files it compiles into itself
 
 
 def streamed_linear(x: torch.Tensor, weight: np.ndarray, residual: torch.Tensor | None = None) -> torch.Tensor:

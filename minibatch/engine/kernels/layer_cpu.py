@@ -32,25 +32,24 @@ machine, and one hour, to another.
 
 Compiled code is cached on disk (`cache=True`). Numba checks a cached function against its own
 file only, so `_layer`, which compiles the other kernels into itself, is compiled again when one
-of their files changes (`forget_stale_layer`).
+of their files changes (`kernels.stale_cache`).
 """
 from __future__ import annotations
 
-import hashlib
-import pathlib
 
 import numpy as np
 import torch
 from numba import njit
 from numba.extending import overload
 
-from minibatch.engine.kernels import (bfloat16, fused_cpu, gemv_cpu, lanes, lanes16, numba_cpu, quantized_groups_numba,
-                                     quantized_numba)
+from minibatch.engine.kernels import (bfloat16, fused_cpu, gemv_blocks_cpu, gemv_cpu, lanes, lanes16, numba_cpu,
+                                     quantized_groups_numba, quantized_numba)
 from minibatch.engine.kernels.bfloat16 import from_host, host_view
 from minibatch.engine.kernels.fused_cpu import _kept_view, _rms_norm, _rotary_write_kv, _silu_mul
 from minibatch.engine.kernels.gemv_cpu import _stream
 from minibatch.engine.kernels.numba_cpu import _paged_attention
 from minibatch.engine.kernels.quantized_numba import _q4_1_into, _q8_0_into
+from minibatch.engine.kernels.stale_cache import forget_stale
 
 PRODUCTS = ("qkv", "o", "gate_up", "down")     # a layer's products, each a Linear or a QuantizedLinear
 
@@ -102,32 +101,11 @@ def _layer(x, attn_norm, qkv_weight, o_weight, mlp_norm, gate_up_weight, down_we
 
 
 # the modules whose kernels `_layer` compiles into itself
-CALLEES = (bfloat16, fused_cpu, gemv_cpu, lanes, lanes16, numba_cpu, quantized_numba, quantized_groups_numba)
+CALLEES = (bfloat16, fused_cpu, gemv_blocks_cpu, gemv_cpu, lanes, lanes16, numba_cpu, quantized_numba,
+           quantized_groups_numba)
 
 
-def callees_digest() -> str:
-    """A digest of the source files of the kernels `_layer` calls."""
-    return hashlib.sha256(b"".join(pathlib.Path(m.__file__).read_bytes() for m in CALLEES)).hexdigest()
-
-
-def forget_stale_layer() -> None:
-    """Drop `_layer`'s cached machine code if a kernel it calls has changed since it was compiled."""
-    stamp = pathlib.Path(_layer._cache.cache_path) / "layer_cpu.callees.sha256"   # beside Numba's cache files
-    digest = callees_digest()
-    try:
-        if stamp.read_text() == digest:
-            return
-    except OSError:                                                              # no stamp yet
-        pass
-    try:
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        _layer._cache.flush()                                                    # an empty index: compiled afresh
-        stamp.write_text(digest)
-    except OSError:                                                              # a read-only cache: Numba copes
-        pass
-
-
-forget_stale_layer()
+forget_stale(_layer, CALLEES)
 
 
 def operands(layers: list[dict], rows: int, backend) -> list[tuple] | None:
