@@ -8,6 +8,7 @@ read once per step) and its LM head. Runs alternate (A B A B ...); the medians a
 the largest difference from F.linear's output.
 
     python scripts/linear_ab.py [--model smollm2-135m] [--dtype float32] [--rows 1 2 4 8 16 32 64 128] [--reps 7]
+                                [--products qkv o gate_up down]
 """
 import argparse
 import statistics
@@ -33,11 +34,16 @@ def layer_weights(sd, num_layers):
              "down": cat(i, ["mlp.down_proj"])} for i in range(num_layers)]
 
 
-def every_layer(layers, x_in, x_mid):
-    """One step's worth of layer products: q|k|v, o, gate|up and down of every layer."""
+PRODUCTS = ("qkv", "o", "gate_up", "down")
+
+
+def every_layer(layers, x_in, x_mid, products=PRODUCTS):
+    """One step's worth of layer products: q|k|v, o, gate|up and down of every layer (or those named)."""
+    inputs = {"qkv": x_in, "o": x_in, "gate_up": x_in, "down": x_mid}
     def run():
         for layer in layers:
-            layer["qkv"](x_in), layer["o"](x_in), layer["gate_up"](x_in), layer["down"](x_mid)
+            for name in products:
+                layer[name](inputs[name])
     return run
 
 
@@ -47,6 +53,8 @@ def main():
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
     parser.add_argument("--reps", type=int, default=7, help="interleaved repetitions per row count")
+    parser.add_argument("--products", nargs="+", choices=PRODUCTS, default=list(PRODUCTS),
+                        help="which of each layer's products to time (all four by default)")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     loaded = load_model(args.model)
@@ -62,12 +70,12 @@ def main():
                               for layer in weights]
         heads["streamed"] = Linear(sd["lm_head.weight"], "weight-first", stream_rows=10**9)
     print(f"{args.model}, {args.dtype}: {torch.get_num_threads()} threads; median ms of one step's products "
-          f"(30 layers, then the LM head), each path against F.linear")
+          f"({', '.join(args.products)} of 30 layers, then the LM head), each path against F.linear")
     print(f"{'rows':>5} " + " ".join(f"{p + ' layers':>20} {'head':>7}" for p in paths) + f" {'max |diff|':>11}")
     with torch.inference_mode():
         for rows in args.rows:
             x_in, x_mid = torch.randn(rows, hidden, dtype=dtype), torch.randn(rows, inner, dtype=dtype)  # (T, C), (T, I)
-            runs = {(p, "layers"): every_layer(layers[p], x_in, x_mid) for p in paths}
+            runs = {(p, "layers"): every_layer(layers[p], x_in, x_mid, args.products) for p in paths}
             runs.update({(p, "head"): (lambda head=heads[p]: head(x_in)) for p in paths})
             times = {key: [] for key in runs}
             for _ in range(args.reps):

@@ -29,9 +29,10 @@ than many CPUs' 32-48 KB. So for weight rows longer than K_CHUNK (768) columns, 
 up to CHUNKED_ROWS rows, the blocks take the columns a chunk of about BLOCK_K_CHUNK (384) at a time
 (`blocks_in_chunks`): every block of the thread's task over one chunk, its sums added to a float32
 total per output, then the next chunk; x's chunk (16 rows: 24 KB) stays in the cache for all of them.
-On that Xeon, the 30 down projections at 8 / 12 / 16 / 32 rows took 4.69 / 5.28 / 5.98 / 11.5 ms against
-5.13 / 6.13 / 6.87 / 11.9; at 64 rows chunks were slower (21.6 against 20.8), and chunks of the
-576-column weights were slower at every row count (their rows of x fit the cache up to about twelve rows).
+On that Xeon (`python scripts/linear_ab.py --products down --rows 1 8 12 16 32 64`, two runs each way), the
+30 down projections at 8 / 12 / 16 / 32 rows took 4.3-4.4 / 5.0-5.1 / 6.3-6.4 / 10.9 ms against 5.0 / 5.7-5.9 /
+7.0 / 11.2 (one row 3.7-3.9). With CHUNKED_ROWS or K_CHUNK changed, chunks were slower at 64 rows, and for the
+576-column weights at every row count, so they stop there.
 """
 from __future__ import annotations
 
