@@ -89,7 +89,8 @@ def _rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_map
         for kv_head in range(num_kv_heads):
             _rotate(qkv[t], (num_heads + kv_head) * head_dim, cos[p], signed_sin[p], k_cache[block, offset, kv_head])
             v_base = (num_heads + num_kv_heads + kv_head) * head_dim
-            v_cache[block, offset, kv_head, :] = qkv[t, v_base:v_base + head_dim]
+            for d in range(head_dim):                      # a plain loop: here a slice assignment cost more
+                v_cache[block, offset, kv_head, d] = qkv[t, v_base + d]
 
 
 SILU_CHUNK = 256        # columns of one row a thread takes at a time in SwiGLU
