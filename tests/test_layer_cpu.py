@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from minibatch import LLM, EngineConfig, SamplingParams
-from minibatch.engine.kernels import (bfloat16, gemv_blocks_cpu, gemv_cpu, lanes, lanes16, layer_cpu, numba_cpu,
-                                     torch_ref)
+from minibatch.engine.kernels import (bfloat16, fused_cpu, gemv_blocks_cpu, gemv_cpu, lanes, lanes16, layer_cpu,
+                                     numba_cpu, quantized_groups_numba, quantized_numba, torch_ref)
 from minibatch.engine.kernels.gemv_cpu import STREAM_ROWS
 from minibatch.engine.kernels.stale_cache import digest, forget_stale
 
@@ -90,7 +90,7 @@ def test_a_changed_kernel_file_drops_the_cached_layer(tmp_path, monkeypatch):
     cache = type("Cache", (), {"cache_path": str(tmp_path / "cache"), "flush": lambda self: flushed.append(1)})()
     monkeypatch.setattr(layer_cpu._layer, "_cache", cache)
     forget_stale(layer_cpu._layer, layer_cpu.CALLEES)      # no stamp yet: compiled afresh, stamp written
-    stamp = tmp_path / "cache" / "_layer.callees.sha256"
+    stamp = tmp_path / "cache" / "layer_cpu._layer.callees.sha256"
     assert flushed == [1] and stamp.read_text() == digest(layer_cpu.CALLEES)
     forget_stale(layer_cpu._layer, layer_cpu.CALLEES)      # nothing changed: the cached code stands
     assert flushed == [1]
@@ -99,6 +99,15 @@ def test_a_changed_kernel_file_drops_the_cached_layer(tmp_path, monkeypatch):
     assert flushed == [1, 1] and stamp.read_text() == digest(layer_cpu.CALLEES)
 
 
-def test_the_streamed_product_keeps_a_stamp_of_the_files_it_compiles_in():
-    stamp = pathlib.Path(gemv_cpu._stream._cache.cache_path) / "_stream.callees.sha256"
-    assert stamp.read_text() == digest((bfloat16, gemv_blocks_cpu, lanes, lanes16))
+@pytest.mark.parametrize("kernel, callees", [
+    (gemv_cpu._stream, (bfloat16, gemv_blocks_cpu, lanes, lanes16)),
+    (numba_cpu._paged_attention, (bfloat16, lanes)), (numba_cpu._write_kv, (bfloat16, lanes)),
+    (fused_cpu._rms_norm, (bfloat16, lanes)), (fused_cpu._rotary_write_kv, (bfloat16, lanes)),
+    (fused_cpu._silu_mul, (bfloat16, lanes)),
+    (quantized_numba._q4_1_into, (quantized_groups_numba,)),
+    (quantized_numba._q8_0_many_into, (quantized_groups_numba,)),
+])
+def test_each_cached_kernel_keeps_a_stamp_of_the_files_it_compiles_in(kernel, callees):
+    module = kernel.py_func.__module__.rsplit(".", 1)[-1]
+    stamp = pathlib.Path(kernel._cache.cache_path) / f"{module}.{kernel.__name__}.callees.sha256"
+    assert stamp.read_text() == digest(callees)

@@ -19,7 +19,8 @@ Each product and sum is rounded in the order transformers computes it, to float3
 where transformers rounds to bfloat16 (`kernels.bfloat16`), so the results equal its operators' up
 to the order of the 576 additions inside a norm's sum of squares (taken sixteen at a time in vector
 registers, `kernels.lanes`, as torch's own reduction does). Inputs are float32 or bfloat16 CPU
-tensors handed over as zero-copy numpy views; compiled code is cached on disk.
+tensors handed over as zero-copy numpy views; compiled code is cached on disk (and compiled again when
+`bfloat16` or `lanes` changes, `kernels.stale_cache`).
 """
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from minibatch.engine.kernels import bfloat16, lanes
 from minibatch.engine.kernels.bfloat16 import as_stored, get, host_view, put, supported
 from minibatch.engine.kernels.lanes import LANES, exp8, fma8, load8, splat8, store8, sum8, zero8
+from minibatch.engine.kernels.stale_cache import forget_stale
 
 _C_TYPES = {torch.float32: ctypes.c_float, torch.bfloat16: ctypes.c_uint16, torch.int64: ctypes.c_int64}
 _views: dict[int, tuple[weakref.ref, np.ndarray]] = {}     # id(tensor) -> (the tensor, weakly; its numpy view)
@@ -172,3 +175,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
     _silu_mul(host_view(gate_up.contiguous()), host_view(out))
     return out
+
+
+for _kernel in (_rms_norm, _rotary_write_kv, _silu_mul):      # the files they compile into themselves
+    forget_stale(_kernel, (bfloat16, lanes))

@@ -37,7 +37,8 @@ Query row j of sequence i sits at position
 prefill, chunked prefill and decode alike. Inputs are float32 or bfloat16 CPU tensors, handed to
 Numba as zero-copy numpy views (bfloat16 as its bits, widened to float32 as it is read: scores,
 softmax and sums are float32, the output is rounded to the query's dtype, `kernels.bfloat16`);
-compiled code is cached on disk (`cache=True`), so only the first process ever pays for compilation.
+compiled code is cached on disk (`cache=True`), so only the first process ever pays for compilation (and the
+first after an edit of a file it compiles in, `kernels.stale_cache`).
 """
 from __future__ import annotations
 
@@ -45,8 +46,10 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from minibatch.engine.kernels import bfloat16, lanes
 from minibatch.engine.kernels.bfloat16 import get, host_view, put, supported
 from minibatch.engine.kernels.lanes import LANES, exp8, fma8, load8, splat8, store8, sum8, sums8, zero8
+from minibatch.engine.kernels.stale_cache import forget_stale
 
 
 @njit(nogil=True, cache=True)
@@ -232,3 +235,7 @@ def attention(query, k_cache, v_cache, meta, scale):
                      meta.block_tables_np, meta.query_start_loc_np, meta.context_lens_np, float(scale),
                      _host_view(out, "out"))
     return out
+
+
+for _kernel in (_write_kv, _paged_attention):                 # the files they compile into themselves
+    forget_stale(_kernel, (bfloat16, lanes))

@@ -22,7 +22,8 @@ minimums are fp16, which Numba cannot load, so their bits are turned into fp32 f
 (`_halves_to_float`: exact, subnormals included). `fastmath=True` lets the compiler reorder the
 sums into SIMD lanes, so results match the reference to rounding, not bit for bit. The block length
 is passed in rather than written as the constant 32: a loop of unknown length gets vectorised,
-while a constant one is unrolled into scalar code. Compiled code is cached on disk (`cache=True`).
+while a constant one is unrolled into scalar code. Compiled code is cached on disk (`cache=True`; compiled again
+when `quantized_groups_numba` changes, `kernels.stale_cache`).
 """
 from __future__ import annotations
 
@@ -30,12 +31,14 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from minibatch.engine.kernels import quantized_groups_numba
 from minibatch.engine.kernels.quantized_groups_numba import (
     _halves_to_float,
     _q4_1_few_into,
     _q8_0_few_into,
     group_blocks,
 )
+from minibatch.engine.kernels.stale_cache import forget_stale
 
 BLOCK = 32          # weights per block, along a row
 ROWS_PER_TASK = 16  # output rows a thread takes at a time: large enough to amortise its scratch buffers
@@ -205,3 +208,7 @@ def q4_1_matmul(x: torch.Tensor, codes: np.ndarray, scales: np.ndarray, mins: np
                 group_scales: np.ndarray, group_mins: np.ndarray) -> torch.Tensor:
     """x (T, K) fp32 times the q4_1 weight (N, K) transposed: (T, N). The blocks, as host_arrays gives them."""
     return torch.from_numpy(_q4_1_matmul(_rows(x), codes, scales, mins, BLOCK, grouped, group_scales, group_mins))
+
+
+for _kernel in (_q8_0_many_into, _q8_0_into, _q8_0_matmul, _q4_1_many_into, _q4_1_into, _q4_1_matmul):
+    forget_stale(_kernel, (quantized_groups_numba,))                # the file whose kernels they compile in

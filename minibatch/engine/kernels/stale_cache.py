@@ -20,7 +20,8 @@ def digest(modules) -> str:
 def forget_stale(kernel, modules) -> None:
     """Drop `kernel`'s (a Numba dispatcher with cache=True) cached machine code if one of `modules`, the files it
     compiles into itself, changed since it was compiled."""
-    stamp = pathlib.Path(kernel._cache.cache_path) / f"{kernel.__name__}.callees.sha256"   # beside Numba's files
+    name = f"{kernel.py_func.__module__.rsplit('.', 1)[-1]}.{kernel.__name__}"         # gemv_cpu._stream
+    stamp = pathlib.Path(kernel._cache.cache_path) / f"{name}.callees.sha256"            # beside Numba's files
     now = digest(modules)
     try:
         if stamp.read_text() == now:
