@@ -46,9 +46,10 @@ from minibatch.engine.kernels.lanes16 import LANES16, WIDE, fma16, fold16, load1
 PREFETCH_AHEAD = 4     # the weight row asked for while this one is multiplied (`kernels.gemv_cpu` says why)
 LINE = 16              # float32 values in a 64-byte cache line
 BLOCK_ROWS = 4 if WIDE else 8   # above this many rows, blocks of four rows by four weight rows
-K_CHUNK = 768          # weight rows longer than this are multiplied a chunk of columns at a time: 8 x 768 float32
-BLOCK_K_CHUNK = 384    # = 24 KB in `gemv_cpu`'s eight rows; ... about this many columns a chunk in the blocks
-CHUNKED_ROWS = 32      # ... for up to this many rows (more rows: the blocks' sums cost more than the cache saves)
+K_CHUNK = 768          # weight rows longer than this go a chunk of columns at a time (`gemv_cpu`'s eight rows:
+                       # chunks of at most 768, 8 x 768 float32 = 24 KB)
+BLOCK_K_CHUNK = 384    # the blocks' chunks: about this many columns
+CHUNKED_ROWS = 32      # the blocks chunk up to this many rows (more: the sums cost more than the cache saves)
 
 
 @njit(inline="always")

@@ -36,7 +36,6 @@ of their files changes (`kernels.stale_cache`).
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 from numba import njit
