@@ -33,6 +33,15 @@ On that Xeon (`python scripts/linear_ab.py --products down --rows 1 8 12 16 32 6
 30 down projections at 8 / 12 / 16 / 32 rows took 4.3-4.4 / 5.0-5.1 / 6.3-6.4 / 10.9 ms against 5.0 / 5.7-5.9 /
 7.0 / 11.2 (one row 3.7-3.9). With CHUNKED_ROWS or K_CHUNK changed, chunks were slower at 64 rows, and for the
 576-column weights at every row count, so they stop there.
+
+While a weight's four rows are multiplied, the four rows PREFETCH_AHEAD fours ahead are asked for
+(`prefetch`, one cache line at a time). Every block of rows used to ask for all four, so at sixteen
+rows each line was asked for four times; now each block asks for its share (`spread`: of four blocks,
+one row each; of two, two), so the requests go out once, evenly through the blocks' time. On the Xeon,
+`python scripts/linear_ab.py --rows 1 8 12 16 24 32 --reps 5`, two runs each way, layers + head:
+12 / 16 / 24 / 32 rows 23.2-23.4 + 4.6 / 26.9-27.0 + 6.2-6.3 / 34.4-34.6 + 8.5 / 40.3-40.4 + 10.3-10.4 ms
+against 24.2 + 5.2-5.5 / 28.7-28.9 + 7.1 / 36.5-36.7 + 9.4-9.5 / 44.7-45.0 + 11.7-11.8; one and eight rows the
+same.
 """
 from __future__ import annotations
 
@@ -73,17 +82,17 @@ BLOCK_LANES, _zero, _load, _fma, _fold = (LANES16, zero16, load16, fma16, fold16
 
 
 @njit(inline="always")
-def _block_sums(weight, x, n, t, ahead, start, stop):
+def _block_sums(weight, x, n, t, ahead, asked, start, stop):
     """x[t:t+4] . weight[n:n+4] over columns start:stop (whole vectors), as two float32x8: lane 4 i + j of the
     first is row t + i against weight row n + j, of the second row t + 2 + i. Sixteen running sums, eight
-    vectors loaded for sixteen multiply-adds."""
+    vectors loaded for sixteen multiply-adds; weight rows ahead to ahead + asked are asked for meanwhile."""
     s00, s01, s02, s03 = _zero(), _zero(), _zero(), _zero()    # s<i><j>: row t + i against weight row n + j
     s10, s11, s12, s13 = _zero(), _zero(), _zero(), _zero()
     s20, s21, s22, s23 = _zero(), _zero(), _zero(), _zero()
     s30, s31, s32, s33 = _zero(), _zero(), _zero(), _zero()
     for k in range(start, stop, BLOCK_LANES):
         if k % LINE == 0:
-            for j in range(4):
+            for j in range(asked):
                 prefetch(weight, ahead + j, k)
         w0, w1, w2, w3 = _load(weight, n, k), _load(weight, n + 1, k), _load(weight, n + 2, k), _load(weight, n + 3, k)
         v = _load(x, t, k)
@@ -100,14 +109,20 @@ def _block_sums(weight, x, n, t, ahead, start, stop):
 
 
 @njit(inline="always")
-def _rows4_outputs4(weight, x, n, t, ahead, out):
+def _rows4_outputs4(weight, x, n, t, ahead, asked, out):
     """out[t:t+4, n:n+4] = x[t:t+4] . weight[n:n+4]: a block of four rows by four weight rows."""
     last = weight.shape[1] - weight.shape[1] % BLOCK_LANES
-    rows01, rows23 = _block_sums(weight, x, n, t, ahead, 0, last)
+    rows01, rows23 = _block_sums(weight, x, n, t, ahead, asked, 0, last)
     for i in range(2):                                           # lane 4 i + j: row t + i, weight row n + j
         for j in range(4):
             put(out, (t + i, n + j), lane(rows01, 4 * i + j) + _rest(weight, x, n + j, t + i, last))
             put(out, (t + 2 + i, n + j), lane(rows23, 4 * i + j) + _rest(weight, x, n + j, t + 2 + i, last))
+
+
+@njit(inline="always")
+def spread(block, blocks):
+    """Which of the four weight rows ahead block number `block` of `blocks` asks the memory for: (first, stop)."""
+    return 4 * block // blocks, 4 * (block + 1) // blocks
 
 
 @njit(inline="always")
@@ -130,10 +145,13 @@ def blocks_in_chunks(weight, x, first, end, overlap, out):
         stop = min(start + width, last)
         for n in range(first, stop_n, 4):
             ahead = min(n + 4 * PREFETCH_AHEAD, num_outputs - 4)
-            for block in range(whole_fours // 4 + (1 if overlap else 0)):
+            blocks = whole_fours // 4 + (1 if overlap else 0)
+            for block in range(blocks):
                 t = min(4 * block, rows - 4)                     # the overlapping block: the last four rows
                 counted = whole_fours if t + 4 > whole_fours else t   # of which those below whole_fours are summed
-                rows01, rows23 = _block_sums(weight, x, n, t, ahead, start, stop)
+                first_asked, stop_asked = spread(block, blocks)
+                rows01, rows23 = _block_sums(weight, x, n, t, ahead + first_asked, stop_asked - first_asked,
+                                             start, stop)
                 for i in range(2):
                     for j in range(4):
                         if t + i >= counted:

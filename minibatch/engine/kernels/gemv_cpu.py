@@ -73,7 +73,7 @@ from numba import njit, prange
 from minibatch.engine.kernels import bfloat16, gemv_blocks_cpu, lanes, lanes16
 from minibatch.engine.kernels.bfloat16 import as_float32, get, host_view, put
 from minibatch.engine.kernels.gemv_blocks_cpu import (BLOCK_ROWS, K_CHUNK, LINE, PREFETCH_AHEAD, _rest,
-                                                     _rows4_outputs4, blocks_in_chunks, chunks_columns)
+                                                     _rows4_outputs4, blocks_in_chunks, chunks_columns, spread)
 from minibatch.engine.kernels.lanes import LANES, fma8, lane, load8, prefetch, sum8, sums8, zero8
 from minibatch.engine.kernels.stale_cache import forget_stale
 
@@ -190,12 +190,13 @@ def _stream(x_stored, weight, residual, add_residual, out):
             n = first                                      # than streaming the weight again for each
             if chunks_columns(weight, rows):               # long weight rows: their columns a chunk at a time
                 n = blocks_in_chunks(weight, x, first, end, overlap, out)
+            blocks = whole_fours // 4 + (1 if overlap else 0)
             while n + 4 <= end:
                 ahead = min(n + 4 * PREFETCH_AHEAD, num_outputs - 4)
-                for t in range(0, whole_fours, 4):
-                    _rows4_outputs4(weight, x, n, t, ahead, out)
-                if overlap:
-                    _rows4_outputs4(weight, x, n, rows - 4, ahead, out)
+                for block in range(blocks):             # each block asks for its share of the rows ahead
+                    first_asked, stop_asked = spread(block, blocks)
+                    _rows4_outputs4(weight, x, n, min(4 * block, rows - 4), ahead + first_asked,
+                                    stop_asked - first_asked, out)
                 n += 4
             for n in range(n, end):                        # the task's last weight rows, if fewer than four
                 for t in range(0, whole_fours, 4):
