@@ -39,3 +39,15 @@ def test_bfloat16_greedy_matches_generate_up_to_the_first_near_tie(references, m
     for out, (tokens, first_tie) in zip(outs, references):
         assert out.token_ids[:first_tie] == tokens[:first_tie]
     assert sum(first_tie for _, first_tie in references) >= NEW, "ties everywhere: the test would compare nothing"
+
+
+def test_bfloat16_decode_steps_of_more_rows_than_the_loop_streams_match_too(references):
+    """Twelve sequences at once: on a CPU with AMX tiles their decode steps multiply through oneDNN part by part
+    (more than `TILE_STREAM_ROWS` rows), elsewhere through the compiled layers; the same rule either way."""
+    from minibatch.engine.models.linear import TILE_STREAM_ROWS
+    prompts = PROMPTS * 3
+    assert len(prompts) > TILE_STREAM_ROWS
+    llm = LLM(EngineConfig(model="tiny", dtype="bfloat16", max_batch_size=len(prompts), block_size=8))
+    outs = llm.generate(prompts, SamplingParams(max_new_tokens=NEW), use_tqdm=False)
+    for out, (tokens, first_tie) in zip(outs, references * 3):
+        assert out.token_ids[:first_tie] == tokens[:first_tie]

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from minibatch.engine.kernels.bfloat16 import host_view
 from minibatch.engine.kernels.gemv_blocks_cpu import CHUNKED_ROWS
 from minibatch.engine.kernels.gemv_cpu import K_CHUNK, STREAM_ROWS, streamed_linear
-from minibatch.engine.models.linear import PATHS, SMALL_BATCH_ROWS, Linear, best_path, linear, onednn_supports
+from minibatch.engine.models.linear import (PATHS, SMALL_BATCH_ROWS, TILE_STREAM_ROWS, Linear, best_path, linear,
+                                           onednn_supports, streamed_rows)
 
 CPU_PATHS = [p for p in PATHS if p != "onednn" or onednn_supports(torch.zeros(1, 1))]
 
@@ -94,6 +95,26 @@ def test_a_few_fp32_or_bf16_rows_are_streamed_and_other_dtypes_are_not(monkeypat
     assert calls == [r for r in counts if r <= STREAM_ROWS] and STREAM_ROWS + 1 not in calls
     assert Linear(torch.randn(6, 4, dtype=torch.float16), "weight-first").streamed is None
     assert Linear(torch.randn(6, 4, dtype=torch.bfloat16), "weight-first").streamed.dtype == np.uint16  # its bits
+
+
+@pytest.mark.parametrize("amx", [False, True])
+def test_bfloat16_products_leave_the_loop_above_a_few_rows_only_where_oneDNN_has_tiles(monkeypatch, amx):
+    import minibatch.engine.models.linear as linear_module
+    monkeypatch.setattr(linear_module, "AMX_BF16", amx)
+    bf16, fp32, fp16 = (torch.zeros(6, 4, dtype=d) for d in (torch.bfloat16, torch.float32, torch.float16))
+    assert streamed_rows(bf16, "onednn") == (TILE_STREAM_ROWS if amx else STREAM_ROWS)
+    assert streamed_rows(bf16, "weight-first") == streamed_rows(fp32, "onednn") == STREAM_ROWS
+    assert streamed_rows(fp16, "weight-first") == 0
+    if onednn_supports(bf16):                                     # the product follows its limit
+        calls = []
+        streamed = linear_module.streamed_linear
+        monkeypatch.setattr(linear_module, "streamed_linear", lambda *a: calls.append(a[0].shape[0]) or streamed(*a))
+        weight = torch.randn(6, 4).bfloat16()
+        product = Linear(weight)
+        for rows in (1, TILE_STREAM_ROWS, TILE_STREAM_ROWS + 1, STREAM_ROWS):
+            x = torch.randn(rows, 4).bfloat16()
+            torch.testing.assert_close(product(x).float(), F.linear(x, weight).float(), rtol=2 ** -7, atol=1e-6)
+        assert calls == ([1, TILE_STREAM_ROWS] if amx else [1, TILE_STREAM_ROWS, TILE_STREAM_ROWS + 1, STREAM_ROWS])
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 11, 13, 30])

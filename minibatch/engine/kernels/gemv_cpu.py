@@ -53,7 +53,7 @@ interleaved runs), against oneDNN with the weight prepacked and MKL's `F.linear`
 Above BLOCK_ROWS rows the rows go in blocks of four rows by four weight rows (`kernels.gemv_blocks_cpu`,
 which says why and what it measured, and holds the constants both use: PREFETCH_AHEAD, LINE, K_CHUNK).
 `models.linear.Linear` uses this loop for up to STREAM_ROWS (64) rows, and oneDNN above, where its packed
-GEMM wins.
+GEMM wins (bfloat16 on a CPU with AMX tiles: oneDNN above 8 rows, `models.linear` says why).
 
 In bfloat16 the same loop reads the weight's bits (`kernels.bfloat16`): each eight 2-byte weights are
 loaded at once and widened to floats in the register (a shift of each lane by 16 bits), x is widened

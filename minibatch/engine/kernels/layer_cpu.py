@@ -10,8 +10,9 @@ at batch 1, a fifth of a decode step spent between the kernels. Here the layer i
 
 which runs the same compiled kernels (`fused_cpu`, `gemv_cpu`, `numba_cpu`) in the same order, on
 numpy arrays that stay numpy from the first layer to the last. It applies to steps of up to
-`gemv_cpu.STREAM_ROWS` (64) rows (decode steps, and prefills as short) on a CPU with the Numba
-attention backend, whose products the layer can run: float32 or
+`gemv_cpu.STREAM_ROWS` (64) rows (decode steps, and prefills as short; bfloat16 on a CPU with AMX
+tiles, up to 8, `models.linear`) on a CPU with the Numba attention backend, whose products the layer can
+run: float32 or
 bfloat16 weights through the streamed loop (bfloat16 arrays as their bits: the same source compiled
 again, rounding where transformers rounds, `kernels.bfloat16`), or q8_0 and q4_1 blocks through
 `quantized_numba`'s kernels

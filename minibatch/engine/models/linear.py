@@ -35,10 +35,21 @@ whole compiled layers (`kernels.layer_cpu`), a quarter to a third shorter up to 
 product is as fast as the loop at 1-8 rows on a CPU with BF16 instructions, but only the loop runs
 inside a compiled layer. Above STREAM_ROWS rows (a prefill chunk) oneDNN's packed GEMM is faster.
 
+A CPU with AMX (Intel's tile unit: Sapphire Rapids and later) multiplies bfloat16 tiles of 16 rows
+in one instruction, and oneDNN's bfloat16 product uses it: there a product of more than a few rows
+is bound by the memory alone, where the loop's vector multiply-adds are not. On a 2-core Xeon with
+AMX (`python scripts/linear_ab.py --dtype bfloat16`, layers + head) oneDNN took 16.3 / 16.8 / 17.1 /
+19.6 ms at 8 / 12 / 16 / 32 rows, the loop 19.1 / 24.0 / 31.3 / 54.5; but only the loop runs inside
+a compiled layer, and whole decode steps (`python scripts/layer_ab.py --dtype bfloat16 --parts-onednn
+--batch-sizes 4 8 12 16 32 --rounds 3`: compiled layers against oneDNN part by part) took 20.1 / 22.7 /
+28.6 / 35.7 / 67.0 ms against 24.1 / 25.9 / 27.8 / 29.5 / 37.6. So on such a CPU a bfloat16 weight is
+streamed up to TILE_STREAM_ROWS (8) rows only, and oneDNN multiplies more, part by part.
+
     python scripts/linear_ab.py      # every path on this machine, for the model's shapes
 """
 from __future__ import annotations
 
+import llvmlite.binding as llvm
 import torch
 import torch.nn.functional as F
 
@@ -46,7 +57,9 @@ from minibatch.engine.kernels.bfloat16 import host_view, supported
 from minibatch.engine.kernels.gemv_cpu import STREAM_ROWS, streamed_linear
 
 SMALL_BATCH_ROWS = 64   # up to this many rows, the weight-first orientation is used on CPU without oneDNN
+TILE_STREAM_ROWS = 8    # bfloat16 on a CPU with AMX tiles: oneDNN above this many rows (see above)
 PATHS = ("onednn", "weight-first", "f.linear")
+AMX_BF16 = llvm.get_host_cpu_features().get("amx-bf16", False)   # does this CPU multiply bfloat16 tiles?
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -73,12 +86,22 @@ def best_path(weight: torch.Tensor) -> str:
     return "onednn" if onednn_supports(weight) else "weight-first" if weight.device.type == "cpu" else "f.linear"
 
 
+def streamed_rows(weight: torch.Tensor, path: str) -> int:
+    """Up to how many rows a product by this weight takes the streamed loop (0: never)."""
+    if weight.device.type != "cpu" or not supported(weight.dtype):
+        return 0
+    if path == "onednn" and weight.dtype == torch.bfloat16 and AMX_BF16:
+        return TILE_STREAM_ROWS
+    return STREAM_ROWS
+
+
 class Linear:
     """A weight (N, K) and its product x (T, K) -> (T, N), the same as F.linear(x, weight)."""
 
-    def __init__(self, weight: torch.Tensor, path: str | None = None, stream_rows: int = STREAM_ROWS):
+    def __init__(self, weight: torch.Tensor, path: str | None = None, stream_rows: int | None = None):
         """`path` for the products of many rows (the best for this machine by default); up to `stream_rows`
-        rows of a float32 weight on a CPU take the streamed loop (0: never)."""
+        rows of a float32 or bfloat16 weight on a CPU take the streamed loop (0: never; by default
+        `streamed_rows`)."""
         path = path or best_path(weight)
         if path not in PATHS:
             raise ValueError(f"Linear path={path!r} is not allowed: choose one of {PATHS}")
@@ -86,6 +109,8 @@ class Linear:
             raise ValueError(f"Linear path='onednn' is not allowed for a {weight.dtype} weight on "
                              f"{weight.device.type}: oneDNN runs float32 (and bfloat16 where the CPU has it) on CPU")
         self.path, self.shape, self.dtype = path, weight.shape, weight.dtype
+        if stream_rows is None:
+            stream_rows = streamed_rows(weight, path)
         self.stream_rows = stream_rows if weight.device.type == "cpu" and supported(weight.dtype) else 0
         self.streamed = host_view(weight.detach().contiguous()) if self.stream_rows else None  # (N, K) plain weight
         if path == "onednn":
