@@ -30,6 +30,9 @@ def main() -> int:
     parser.add_argument("--parts-onednn", action="store_true",
                         help="part by part through oneDNN, compiled layers streamed at every batch size")
     args = parser.parse_args()
+    if args.parts_onednn and args.quantization:
+        parser.error(f"--parts-onednn is for float32 or bfloat16 weights: --quantization {args.quantization} has no "
+                     "oneDNN product")
     llm = LLM(EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization,
                            max_batch_size=max(args.batch_sizes)))
     model = llm.engine.model
