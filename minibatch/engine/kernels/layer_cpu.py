@@ -31,6 +31,16 @@ batch 8. On a 2-core AMD EPYC with AVX-512 and BF16 (`--dtype bfloat16`, 3 round
 against 17.7 ms at batch 1, 23.6 against 26.8 at batch 8. The ratios are what carries over from one
 machine, and one hour, to another.
 
+The other way to fewer operator calls is `torch.compile`, which fuses the small operators around the
+products itself. `python scripts/compile_ab.py --rows 1 8 16 32 128 512` times it (Inductor, weights
+frozen, one dynamic graph) against the engine's calls part by part, on the dense parts of the 30 layers
+(everything but the attention, which it has no paged kernel for). On a 2-core Xeon with AMX, two runs:
+one row 19.8 ms against 20.1-20.8, eight 29.9-30.4 against 24.2-24.6, sixteen 36.5-37.0 against
+30.3-32.5, 32 rows 49.0-49.3 against 45.0-45.2; 128 rows 123.9-125.6 against 131.5-149.4, 512 403-410
+against 418-420; and 17.6-18.0 s of compiling in every new process. So it loses the decode steps,
+which run faster still as whole layers here, and would save a few percent of a prefill's products for
+18 s at start: not used.
+
 Compiled code is cached on disk (`cache=True`). Numba checks a cached function against its own
 file only, so `_layer`, which compiles the other kernels into itself, is compiled again when one
 of their files changes (`kernels.stale_cache`).
