@@ -32,7 +32,9 @@ def test_rms_norm_in_bfloat16_rounds_where_transformers_rounds(width):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rotary_write_kv_equals_the_torch_path(dtype):
+@pytest.mark.parametrize("head_dim", [D, 20, 64])   # halves of 8, 10 (eight columns, then two one by one), 32
+def test_rotary_write_kv_equals_the_torch_path(dtype, head_dim):
+    D = head_dim
     gen = torch.Generator().manual_seed(1)
     rows, positions = 5, torch.tensor([0, 7, 3, 30, 12])
     qkv = torch.randn(rows, (H + 2 * HKV) * D, generator=gen).to(dtype)       # (T, (H + 2 Hkv) D)

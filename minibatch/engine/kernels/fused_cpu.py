@@ -9,7 +9,10 @@ one loop over the rows, compiled once; the first two run on the calling thread:
 - `rms_norm(x, weight, eps)`: x / sqrt(mean(x^2) + eps) * weight, row by row;
 - `rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_mapping, num_heads)`:
   rotate the query and key heads of the fused q|k|v product, store the new keys and values in
-  their cache slots, and return the rotated queries (T, Hq, D), all in one pass;
+  their cache slots, and return the rotated queries (T, Hq, D), all in one pass, in eight-float
+  vectors: rotate_half pairs column d of a head with d + D/2, so both halves go side by side. On a
+  2-core Xeon, SmolLM2's shapes, median of 200 calls: 5.0 / 6.1 / 9.3 / 121-129 us at 1 / 8 / 32 / 368
+  rows, where plain loops took 9.0 / 14.6 / 30.6 / 320 (the 30 layers of a 32-row decode step: 0.6 ms less);
 - `silu_mul(gate_up)`: SwiGLU's silu(gate) * up = gate / (1 + exp(-gate)) * up of the fused gate|up
   product, in eight-float vectors (`lanes.exp8`), each row split in chunks of SILU_CHUNK columns over
   the threads. In torch it is three operators (a strided view of gate, SiLU, the product), each over
@@ -66,34 +69,47 @@ def _rms_norm(x, weight, eps, out):
 
 
 @njit(inline="always")
-def _rotate(x, base, cos, signed_sin, out):
-    """out (D,) = x[base:base + D] * cos + rotate_half(x[base:base + D]) * sin."""
-    half = out.shape[0] // 2                               # each product rounded, then their sum; rotate_half's
-    for d in range(half):                                  # partner of column d is d + half in the first half,
-        put(out, d, as_stored(out, get(x, base + d) * get(cos, d))            # d - half in the second: two plain
-            + as_stored(out, get(x, base + d + half) * get(signed_sin, d)))  # loops, which the compiler vectorises
-    for d in range(half, 2 * half):
-        put(out, d, as_stored(out, get(x, base + d) * get(cos, d))
-            + as_stored(out, get(x, base + d - half) * get(signed_sin, d)))
+def _rotate(x, t, base, cos, signed_sin, p, out, row):
+    """out[row] (D,) = x[t, base:base + D] * cos[p] + rotate_half(x[t, base:base + D]) * signed_sin[p]: each
+    product rounded, then their sum. rotate_half's partner of column d is d + half in the first half, d - half
+    in the second, so the halves go side by side, eight columns of each at a time, then the rest one by one."""
+    half = out.shape[1] // 2
+    vector_end = half - half % LANES
+    for d in range(0, vector_end, LANES):
+        first, second = load8(x, t, base + d), load8(x, t, base + half + d)
+        store8(out, row, d, as_stored(out, first * load8(cos, p, d))
+               + as_stored(out, second * load8(signed_sin, p, d)))
+        store8(out, row, half + d, as_stored(out, second * load8(cos, p, half + d))
+               + as_stored(out, first * load8(signed_sin, p, half + d)))
+    for d in range(vector_end, half):
+        first, second = get(x, (t, base + d)), get(x, (t, base + half + d))
+        put(out, (row, d), as_stored(out, first * get(cos, (p, d))) + as_stored(out, second * get(signed_sin, (p, d))))
+        put(out, (row, half + d), as_stored(out, second * get(cos, (p, half + d)))
+            + as_stored(out, first * get(signed_sin, (p, half + d))))
 
 
 @njit(nogil=True, cache=True)
 def _rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_mapping, q_out):
     num_heads, head_dim = q_out.shape[1], q_out.shape[2]   # qkv: (T, (Hq + 2 Hkv) D), q_out: (T, Hq, D)
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]  # caches: (N, bs, Hkv, D)
-    num_slots = k_cache.shape[0] * block_size
+    num_slots, num_kv_heads = k_cache.shape[0] * k_cache.shape[1], k_cache.shape[2]   # caches: (N, bs, Hkv, D)
+    queries = q_out.reshape(q_out.shape[0] * num_heads, head_dim)                 # (T Hq, D)
+    keys = k_cache.reshape(num_slots * num_kv_heads, head_dim)                    # (N bs Hkv, D): slot s at s Hkv
+    values = v_cache.reshape(num_slots * num_kv_heads, head_dim)
+    vector_end = head_dim - head_dim % LANES
     for t in range(qkv.shape[0]):
-        p = positions[t]
-        if not (0 <= slot_mapping[t] < num_slots and 0 <= p < cos.shape[0]):
+        p, slot = positions[t], slot_mapping[t]
+        if not (0 <= slot < num_slots and 0 <= p < cos.shape[0]):
             raise IndexError("a slot or a position lies outside the KV cache or the rotary tables")
-        block, offset = slot_mapping[t] // block_size, slot_mapping[t] % block_size
         for head in range(num_heads):
-            _rotate(qkv[t], head * head_dim, cos[p], signed_sin[p], q_out[t, head])
+            _rotate(qkv, t, head * head_dim, cos, signed_sin, p, queries, t * num_heads + head)
         for kv_head in range(num_kv_heads):
-            _rotate(qkv[t], (num_heads + kv_head) * head_dim, cos[p], signed_sin[p], k_cache[block, offset, kv_head])
+            row = slot * num_kv_heads + kv_head
+            _rotate(qkv, t, (num_heads + kv_head) * head_dim, cos, signed_sin, p, keys, row)
             v_base = (num_heads + num_kv_heads + kv_head) * head_dim
-            for d in range(head_dim):                      # a plain loop: here a slice assignment cost more
-                v_cache[block, offset, kv_head, d] = qkv[t, v_base + d]
+            for d in range(0, vector_end, LANES):          # the value as it is, eight columns at a time
+                store8(values, row, d, load8(qkv, t, v_base + d))
+            for d in range(vector_end, head_dim):
+                put(values, (row, d), get(qkv, (t, v_base + d)))
 
 
 SILU_CHUNK = 256        # columns of one row a thread takes at a time in SwiGLU
