@@ -49,7 +49,8 @@ import minibatch.engine.kernels.lanes16 as lanes16
 lanes16.WIDE = not lanes16.WIDE                   # before gemv_blocks_cpu picks its block loop's width
 from minibatch.engine.kernels import gemv_blocks_cpu, gemv_cpu
 errors = []
-for rows, k in ((6, 77), (8, 77), (9, 77), (13, 77), (30, 77), (8, 1600), (12, 1600), (7, 1600), (14, 1600)):
+for rows, k in ((3, 77), (6, 77), (7, 77), (8, 77), (9, 77), (13, 77), (30, 77), (8, 1600), (12, 1600), (7, 1600),
+                (14, 1600)):
     g = torch.Generator().manual_seed(rows)
     x, w = torch.randn(rows, k, generator=g), torch.randn(45, k, generator=g)
     errors.append(float((gemv_cpu.streamed_linear(x, w.numpy()) - F.linear(x, w)).abs().max()))
