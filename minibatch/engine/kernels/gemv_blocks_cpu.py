@@ -41,7 +41,14 @@ one row each; of two, two), so the requests go out once, evenly through the bloc
 `python scripts/linear_ab.py --rows 1 8 12 16 24 32 --reps 5`, two runs each way, layers + head:
 12 / 16 / 24 / 32 rows 23.2-23.4 + 4.6 / 26.9-27.0 + 6.2-6.3 / 34.4-34.6 + 8.5 / 40.3-40.4 + 10.3-10.4 ms
 against 24.2 + 5.2-5.5 / 28.7-28.9 + 7.1 / 36.5-36.7 + 9.4-9.5 / 44.7-45.0 + 11.7-11.8; one and eight rows the
-same.
+same. A block asks for its rows unrolled (`_ask`), not in a loop of `asked` turns inside the block's loop: the
+layers' products at 16 / 24 / 32 rows 33.3 / 41.5 / 49.1 ms against 34.1 / 43.1 / 49.9 (means of three runs
+each way, 2-4%, at the edge of the noise).
+
+From 16 rows on, the loop is bound by its own arithmetic, not by the memory: `python scripts/stream_rates.py`
+times it with the weight in the second-level cache and read from memory, and at 32 rows the two rates are
+close (72-101 and 67-82 billion multiply-adds a second on the Xeon, three runs), where at 8 rows the memory
+rate is about half the cache rate (36-42 against 73-74).
 """
 from __future__ import annotations
 
@@ -82,6 +89,19 @@ BLOCK_LANES, _zero, _load, _fma, _fold = (LANES16, zero16, load16, fma16, fold16
 
 
 @njit(inline="always")
+def _ask(weight, ahead, asked, k):
+    """Ask the memory for weight[ahead:ahead + asked, k:k+16] (asked: 0 to 4), one cache line per row."""
+    if asked > 0:
+        prefetch(weight, ahead, k)
+        if asked > 1:
+            prefetch(weight, ahead + 1, k)
+            if asked > 2:
+                prefetch(weight, ahead + 2, k)
+                if asked > 3:
+                    prefetch(weight, ahead + 3, k)
+
+
+@njit(inline="always")
 def _block_sums(weight, x, n, t, ahead, asked, start, stop):
     """x[t:t+4] . weight[n:n+4] over columns start:stop (whole vectors), as two float32x8: lane 4 i + j of the
     first is row t + i against weight row n + j, of the second row t + 2 + i. Sixteen running sums, eight
@@ -91,9 +111,8 @@ def _block_sums(weight, x, n, t, ahead, asked, start, stop):
     s20, s21, s22, s23 = _zero(), _zero(), _zero(), _zero()
     s30, s31, s32, s33 = _zero(), _zero(), _zero(), _zero()
     for k in range(start, stop, BLOCK_LANES):
-        if k % LINE == 0:
-            for j in range(asked):
-                prefetch(weight, ahead + j, k)
+        if k % LINE == 0:                                        # (every vector, in sixteen lanes)
+            _ask(weight, ahead, asked, k)
         w0, w1, w2, w3 = _load(weight, n, k), _load(weight, n + 1, k), _load(weight, n + 2, k), _load(weight, n + 3, k)
         v = _load(x, t, k)
         s00, s01, s02, s03 = _fma(v, w0, s00), _fma(v, w1, s01), _fma(v, w2, s02), _fma(v, w3, s03)
