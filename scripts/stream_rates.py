@@ -38,13 +38,21 @@ def rate(rows: int, num_outputs: int, calls: int, num_weights: int) -> float:
     _stream(x, weights[0], out, False, out)
     if not np.allclose(out, x @ weights[0].T, rtol=1e-4, atol=1e-3):
         raise AssertionError("the streamed product differs from numpy's")
+
+    def calls_in_turn():
+        for call in range(calls):
+            _stream(x, weights[call % num_weights], out, False, out)
+    return rows * num_outputs * COLUMNS * calls / best_seconds(calls_in_turn)
+
+
+def best_seconds(run) -> float:
+    """The shortest of three timings of run()."""
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
-        for call in range(calls):
-            _stream(x, weights[call % num_weights], out, False, out)
+        run()
         best = min(best, time.perf_counter() - start)
-    return rows * num_outputs * COLUMNS * calls / best
+    return best
 
 
 @njit(parallel=True)
@@ -64,12 +72,7 @@ def l1_rate(repeats: int = 200_000) -> float:
     weight, x = generator.random((8, COLUMNS), np.float32), generator.random((8, COLUMNS), np.float32)
     out = np.zeros(torch.get_num_threads(), np.float32)
     _l1_blocks(weight, x, 10, out)
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        _l1_blocks(weight, x, repeats, out)
-        best = min(best, time.perf_counter() - start)
-    return len(out) * repeats * 16 * COLUMNS / best
+    return len(out) * repeats * 16 * COLUMNS / best_seconds(lambda: _l1_blocks(weight, x, repeats, out))
 
 
 def main():

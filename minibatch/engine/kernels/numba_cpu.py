@@ -185,14 +185,17 @@ def _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, con
             block = block_tables[seq, first // block_size]
             n = min(block_size, visible - first)                # keys of this block the row may see
             first_kv_row = block * block_size * num_kv_heads + kv_head
+            whole = n % LANES == 0                              # no keys past n in the last eight
             for g in range(group):                              # the group's scores, then their weights, then
                 _block_scores(queries, first_q_row + g, keys, first_kv_row, num_kv_heads, n, block_size, vector_end,
                               np.float32(scale), scores, g)         # the values: each step independent from one
             for g in range(group):                              # query head to the next, side by side
-                whole = n % LANES == 0                          # no keys past n in the last eight
-                block_max = _largest(scores, g, n) if whole else scores[g, 0]
-                for j in range(1, 0 if whole else n):
-                    block_max = max(block_max, scores[g, j])
+                if whole:
+                    block_max = _largest(scores, g, n)
+                else:
+                    block_max = scores[g, 0]
+                    for j in range(1, n):
+                        block_max = max(block_max, scores[g, j])
                 new_m = max(m[g], block_max)
                 corrections[g] = np.exp(m[g] - new_m)           # rescale what was summed (exp(-inf) = 0 at first)
                 m[g] = new_m
