@@ -136,12 +136,13 @@ def test_the_streamed_loop_in_bfloat16_rounds_the_product_then_its_sum_with_the_
 
 @pytest.mark.parametrize("rows", [*range(1, 26), 63, 64])
 def test_the_streamed_loop_at_every_grouping_of_rows(rows):
-    """Up to BLOCK_ROWS rows go eight, then four, then one at a time; more in blocks of four rows by four weight
-    rows (45 weight rows: a thread's task of 32, then 13, the last one alone), then one at a time, or two or three
-    in a block overlapping the one before: every mix equals F.linear."""
+    """Up to BLOCK_ROWS rows go eight, then four, then one at a time; more in blocks of four rows by six weight
+    rows (sixteen lanes), then four, then one (47 weight rows: a thread's task of 24, then 23: three sixes, a
+    four, the last one alone), the rows four at a time, then one at a time, or two or three in a block
+    overlapping the one before: every mix equals F.linear."""
     generator = torch.Generator().manual_seed(rows)
-    x, weight = torch.randn(rows, 77, generator=generator), torch.randn(45, 77, generator=generator)
-    residual = torch.randn(rows, 45, generator=generator)
+    x, weight = torch.randn(rows, 77, generator=generator), torch.randn(47, 77, generator=generator)
+    residual = torch.randn(rows, 47, generator=generator)
     torch.testing.assert_close(streamed_linear(x, weight.numpy()), F.linear(x, weight), rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(streamed_linear(x, weight.numpy(), residual), residual + F.linear(x, weight),
                                rtol=1e-5, atol=1e-4)
@@ -153,7 +154,7 @@ def test_rows_longer_than_a_chunk_are_summed_chunk_by_chunk_to_the_same_product(
     """Over columns in chunks (so the rows of x stay in the first-level cache), the sums kept in float32 across
     chunks: eight rows of x at a time up to BLOCK_ROWS rows, above it blocks of four by four (one of them
     overlapping the one before where two or three rows are left, only their new rows counted) up to CHUNKED_ROWS
-    rows; the other rows and weight rows (70: tasks of 32, 32 and 6) as before; bfloat16 rounded once at the end."""
+    rows; the other rows and weight rows (70: tasks of 24, 24 and 22) as before; bfloat16 rounded once at the end."""
     generator = torch.Generator().manual_seed(rows + width)
     x, weight = torch.randn(rows, width, generator=generator), torch.randn(70, width, generator=generator)
     residual = torch.randn(rows, 70, generator=generator)

@@ -1,4 +1,4 @@
-"""The streamed product's blocks: a dozen rows and more by a weight, four rows by four weight rows (Numba, CPU).
+"""The streamed product's blocks: a dozen rows and more by a weight, four rows by six or four weight rows (Numba, CPU).
 
 `kernels.gemv_cpu` streams a weight through a few rows of x: eight or four rows against one weight
 row, or one row against four weight rows. Above BLOCK_ROWS rows the weight row's reuse is the limit,
@@ -49,6 +49,20 @@ From 16 rows on, the loop is bound by its own arithmetic, not by the memory: `py
 times it with the weight in the second-level cache and read from memory, and at 32 rows the two rates are
 close (72-101 and 67-82 billion multiply-adds a second on the Xeon, three runs), where at 8 rows the memory
 rate is about half the cache rate (36-42 against 73-74).
+
+So in sixteen lanes the blocks are four rows by six weight rows (`_rows4_outputs6`): twenty-four running
+sums in 24 of AVX-512's 32 registers, ten vectors loaded for twenty-four multiply-adds, and each vector of x
+brought from the second-level cache feeds six multiply-adds, not four (a task's weight rows stay in the
+first-level cache while the blocks of rows go by). A task is ROWS_PER_TASK (24) weight rows, whole sixes
+and fours; the fours and single rows take what is left. On the Xeon, `python scripts/stream_rates.py --rows
+8 16 24 32 64`, against four by four: in cache 99-107 GFMA/s from 16 rows (70 before), from memory 61.5 /
+78.6 / 88.1 / 91.3 at 16 / 24 / 32 / 64 rows (55.6 / 60.8 / 63.8 / 67.5), 8 rows the same; `python
+scripts/layer_ab.py --batch-sizes 1 8 16 32 48 --rounds 3`, two runs each way, whole decode steps of 32 / 48
+sequences 64.6-65.6 / 90.1-90.8 ms against 67.7-69.9 / 95.8-97.2, up to 16 the same. Tasks of 48 weight rows
+were slower up to 16 rows (8 / 16 rows 27.3-27.8 / 33.6-34.7 ms against 26.2 / 31.9-32.3, `linear_ab.py`).
+The down projection's long rows still go in chunks up to CHUNKED_ROWS (16 in sixteen lanes) rows, where four
+by four chunked is the faster; above it, by six unchunked: at 32 rows 12.8-13.3 ms against 13.8-14.0
+(`linear_ab.py --products down`).
 """
 from __future__ import annotations
 
@@ -65,7 +79,8 @@ BLOCK_ROWS = 4 if WIDE else 8   # above this many rows, blocks of four rows by f
 K_CHUNK = 768          # weight rows longer than this go a chunk of columns at a time (`gemv_cpu`'s eight rows:
                        # chunks of at most 768, 8 x 768 float32 = 24 KB)
 BLOCK_K_CHUNK = 384    # the blocks' chunks: about this many columns
-CHUNKED_ROWS = 32      # the blocks chunk up to this many rows (more: the sums cost more than the cache saves)
+CHUNKED_ROWS = 16 if WIDE else 32   # the blocks chunk up to this many rows (more: the sums cost more than the
+                                     # cache saves, and in sixteen lanes four by six blocks do better unchunked)
 
 
 @njit(inline="always")
@@ -90,7 +105,7 @@ BLOCK_LANES, _zero, _load, _fma, _fold = (LANES16, zero16, load16, fma16, fold16
 
 @njit(inline="always")
 def _ask(weight, ahead, asked, k):
-    """Ask the memory for weight[ahead:ahead + asked, k:k+16] (asked: 0 to 4), one cache line per row."""
+    """Ask the memory for weight[ahead:ahead + asked, k:k+16] (asked: 0 to 6), one cache line per row."""
     if asked > 0:
         prefetch(weight, ahead, k)
         if asked > 1:
@@ -99,6 +114,10 @@ def _ask(weight, ahead, asked, k):
                 prefetch(weight, ahead + 2, k)
                 if asked > 3:
                     prefetch(weight, ahead + 3, k)
+                    if asked > 4:
+                        prefetch(weight, ahead + 4, k)
+                        if asked > 5:
+                            prefetch(weight, ahead + 5, k)
 
 
 @njit(inline="always")
@@ -139,9 +158,70 @@ def _rows4_outputs4(weight, x, n, t, ahead, asked, out):
 
 
 @njit(inline="always")
-def spread(block, blocks):
-    """Which of the four weight rows ahead block number `block` of `blocks` asks the memory for: (first, stop)."""
-    return 4 * block // blocks, 4 * (block + 1) // blocks
+def _block6_sums(weight, x, n, t, ahead, asked, last):
+    """x[t:t+4] . weight[n:n+6] over the whole vectors of the columns (sixteen lanes), as four float32x8: lane j
+    of the i-th is row t + i against weight row n + j (lanes 6 and 7 zero). Twenty-four running sums, ten vectors
+    loaded for twenty-four multiply-adds; weight rows ahead to ahead + asked are asked for meanwhile."""
+    s00, s01, s02, s03, s04, s05 = zero16(), zero16(), zero16(), zero16(), zero16(), zero16()
+    s10, s11, s12, s13, s14, s15 = zero16(), zero16(), zero16(), zero16(), zero16(), zero16()
+    s20, s21, s22, s23, s24, s25 = zero16(), zero16(), zero16(), zero16(), zero16(), zero16()
+    s30, s31, s32, s33, s34, s35 = zero16(), zero16(), zero16(), zero16(), zero16(), zero16()
+    for k in range(0, last, LANES16):
+        _ask(weight, ahead, asked, k)                            # (a cache line is sixteen lanes)
+        x0, x1, x2, x3 = load16(x, t, k), load16(x, t + 1, k), load16(x, t + 2, k), load16(x, t + 3, k)
+        w = load16(weight, n, k)
+        s00, s10, s20, s30 = fma16(x0, w, s00), fma16(x1, w, s10), fma16(x2, w, s20), fma16(x3, w, s30)
+        w = load16(weight, n + 1, k)
+        s01, s11, s21, s31 = fma16(x0, w, s01), fma16(x1, w, s11), fma16(x2, w, s21), fma16(x3, w, s31)
+        w = load16(weight, n + 2, k)
+        s02, s12, s22, s32 = fma16(x0, w, s02), fma16(x1, w, s12), fma16(x2, w, s22), fma16(x3, w, s32)
+        w = load16(weight, n + 3, k)
+        s03, s13, s23, s33 = fma16(x0, w, s03), fma16(x1, w, s13), fma16(x2, w, s23), fma16(x3, w, s33)
+        w = load16(weight, n + 4, k)
+        s04, s14, s24, s34 = fma16(x0, w, s04), fma16(x1, w, s14), fma16(x2, w, s24), fma16(x3, w, s34)
+        w = load16(weight, n + 5, k)
+        s05, s15, s25, s35 = fma16(x0, w, s05), fma16(x1, w, s15), fma16(x2, w, s25), fma16(x3, w, s35)
+    return (sums8(fold16(s00), fold16(s01), fold16(s02), fold16(s03), fold16(s04), fold16(s05), zero8(), zero8()),
+            sums8(fold16(s10), fold16(s11), fold16(s12), fold16(s13), fold16(s14), fold16(s15), zero8(), zero8()),
+            sums8(fold16(s20), fold16(s21), fold16(s22), fold16(s23), fold16(s24), fold16(s25), zero8(), zero8()),
+            sums8(fold16(s30), fold16(s31), fold16(s32), fold16(s33), fold16(s34), fold16(s35), zero8(), zero8()))
+
+
+@njit(inline="always")
+def _rows4_outputs6(weight, x, n, t, ahead, asked, out):
+    """out[t:t+4, n:n+6] = x[t:t+4] . weight[n:n+6]: a block of four rows by six weight rows (sixteen lanes only:
+    twenty-four sums need 24 of the 32 vector registers AVX-512 has)."""
+    last = weight.shape[1] - weight.shape[1] % LANES16
+    sums = _block6_sums(weight, x, n, t, ahead, asked, last)
+    for i in range(4):
+        for j in range(6):
+            put(out, (t + i, n + j), lane(sums[i], j) + _rest(weight, x, n + j, t + i, last))
+
+
+@njit(inline="always")
+def spread(block, blocks, width):
+    """Which of the `width` weight rows ahead block number `block` of `blocks` asks the memory for: (first, stop)."""
+    return width * block // blocks, width * (block + 1) // blocks
+
+
+@njit(inline="always")
+def blocks_of(weight, x, n, end, width, overlap, out):
+    """out[:, n:m] for the whole `width`s (six or four) of weight rows from n to end (m returned, the first not
+    done): every block of four rows of x (and, if `overlap`, one at the last four rows) by each `width` weight
+    rows in turn, while the weight rows 4 PREFETCH_AHEAD further on are asked for, each block its share."""
+    rows, num_outputs = x.shape[0], weight.shape[0]
+    blocks = rows // 4 + (1 if overlap else 0)
+    while n + width <= end:
+        ahead = min(n + 4 * PREFETCH_AHEAD, num_outputs - width)
+        for block in range(blocks):
+            first_asked, stop_asked = spread(block, blocks, width)
+            t = min(4 * block, rows - 4)                         # the overlapping block: the last four rows
+            if width == 6:
+                _rows4_outputs6(weight, x, n, t, ahead + first_asked, stop_asked - first_asked, out)
+            else:
+                _rows4_outputs4(weight, x, n, t, ahead + first_asked, stop_asked - first_asked, out)
+        n += width
+    return n
 
 
 @njit(inline="always")
@@ -168,7 +248,7 @@ def blocks_in_chunks(weight, x, first, end, overlap, out):
             for block in range(blocks):
                 t = min(4 * block, rows - 4)                     # the overlapping block: the last four rows
                 counted = whole_fours if t + 4 > whole_fours else t   # of which those below whole_fours are summed
-                first_asked, stop_asked = spread(block, blocks)
+                first_asked, stop_asked = spread(block, blocks, 4)
                 rows01, rows23 = _block_sums(weight, x, n, t, ahead + first_asked, stop_asked - first_asked,
                                              start, stop)
                 for i in range(2):

@@ -54,7 +54,7 @@ interleaved runs), against oneDNN with the weight prepacked and MKL's `F.linear`
 
 (a slower hour than the figures above). `_row1_outputs4` made batch-1 decode steps 24.9 ms from 28.5-31.8.
 
-Above BLOCK_ROWS rows the rows go in blocks of four rows by four weight rows (`kernels.gemv_blocks_cpu`,
+Above BLOCK_ROWS rows the rows go in blocks of four rows by six or four weight rows (`kernels.gemv_blocks_cpu`,
 which says why and what it measured, and holds the constants both use: PREFETCH_AHEAD, LINE, K_CHUNK).
 `models.linear.Linear` uses this loop for up to STREAM_ROWS (64) rows, and oneDNN above, where its packed
 GEMM wins (bfloat16 on a CPU with AMX tiles: oneDNN above 8 rows, `models.linear` says why).
@@ -77,12 +77,13 @@ from numba import njit, prange
 from minibatch.engine.kernels import bfloat16, gemv_blocks_cpu, lanes, lanes16
 from minibatch.engine.kernels.bfloat16 import as_float32, get, host_view, put
 from minibatch.engine.kernels.gemv_blocks_cpu import (BLOCK_ROWS, K_CHUNK, LINE, PREFETCH_AHEAD, _rest,
-                                                     _rows4_outputs4, blocks_in_chunks, chunks_columns, spread)
+                                                     blocks_in_chunks, blocks_of, chunks_columns)
 from minibatch.engine.kernels.lanes import LANES, fma8, lane, load8, prefetch, sum8, sums8, zero8
+from minibatch.engine.kernels.lanes16 import WIDE
 from minibatch.engine.kernels.stale_cache import forget_stale
 
 STREAM_ROWS = 64       # up to this many rows this loop beats oneDNN's packed GEMM (see above)
-ROWS_PER_TASK = 32     # weight rows a thread takes at a time
+ROWS_PER_TASK = 24     # weight rows a thread takes at a time (whole sixes and fours of blocks)
 
 
 @njit(inline="always")
@@ -195,20 +196,15 @@ def _stream(x_stored, weight, residual, add_residual, out):
     for task in prange((num_outputs + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         first, end = task * ROWS_PER_TASK, min(num_outputs, (task + 1) * ROWS_PER_TASK)
         done = 0                                           # rows already multiplied
-        if rows > BLOCK_ROWS:                              # many rows: blocks of four rows by four weight rows;
+        if rows > BLOCK_ROWS:                              # many rows: blocks of four rows by six or four weight rows;
             overlap = rows % 4 >= 2                        # two or three rows left: in a block overlapping the
             done = rows if overlap else whole_fours        # one before (the same sums written twice), cheaper
             n = first                                      # than streaming the weight again for each
             if chunks_columns(weight, rows):               # long weight rows: their columns a chunk at a time
                 n = blocks_in_chunks(weight, x, first, end, overlap, products)
-            blocks = whole_fours // 4 + (1 if overlap else 0)
-            while n + 4 <= end:
-                ahead = min(n + 4 * PREFETCH_AHEAD, num_outputs - 4)
-                for block in range(blocks):             # each block asks for its share of the rows ahead
-                    first_asked, stop_asked = spread(block, blocks)
-                    _rows4_outputs4(weight, x, n, min(4 * block, rows - 4), ahead + first_asked,
-                                    stop_asked - first_asked, products)
-                n += 4
+            if WIDE:                                       # six weight rows a block where registers allow
+                n = blocks_of(weight, x, n, end, 6, overlap, products)
+            n = blocks_of(weight, x, n, end, 4, overlap, products)
             for n in range(n, end):                        # the task's last weight rows, if fewer than four
                 for t in range(0, whole_fours, 4):
                     _rows4(weight, x, n, t, min(n + PREFETCH_AHEAD, num_outputs - 1), products)
