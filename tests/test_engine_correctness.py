@@ -110,8 +110,9 @@ def test_smollm2_matches_generate():
 @pytest.mark.parametrize("batch", [8, 19])
 def test_smollm2_batches_of_eight_and_more_match_generate(batch):
     """Eight sequences decode together: the products take eight rows of x at a time, and the down projection
-    (1536 columns, longer than gemv_cpu.K_CHUNK) sums them chunk by chunk. Nineteen: blocks of four rows by four
-    weight rows, then three rows one at a time. Every token is still the reference's."""
+    (1536 columns, longer than gemv_cpu.K_CHUNK) sums them chunk by chunk. Nineteen: blocks of four rows by six
+    weight rows (four without AVX-512), the last three rows in a block overlapping the one before, the down
+    projection unchunked with AVX-512. Every token is still the reference's."""
     model, _ = load_hf("smollm2-135m")
     llm = LLM(EngineConfig(model="smollm2-135m", max_batch_size=batch, block_size=16))
     prompts = [f"Write one sentence about the number {i}." for i in range(batch)]

@@ -148,13 +148,14 @@ def test_the_streamed_loop_at_every_grouping_of_rows(rows):
                                rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("rows", [5, 6, 7, 8, 11, 12, 16, 19, CHUNKED_ROWS, CHUNKED_ROWS + 2])
+@pytest.mark.parametrize("rows", [5, 6, 7, 8, 11, 12, 19, 32, CHUNKED_ROWS, CHUNKED_ROWS + 2])
 @pytest.mark.parametrize("width", [K_CHUNK + 1, 2 * K_CHUNK + 13, 3 * K_CHUNK])   # chunks, a tail, whole chunks
 def test_rows_longer_than_a_chunk_are_summed_chunk_by_chunk_to_the_same_product(rows, width):
     """Over columns in chunks (so the rows of x stay in the first-level cache), the sums kept in float32 across
     chunks: eight rows of x at a time up to BLOCK_ROWS rows, above it blocks of four by four (one of them
     overlapping the one before where two or three rows are left, only their new rows counted) up to CHUNKED_ROWS
-    rows; the other rows and weight rows (70: tasks of 24, 24 and 22) as before; bfloat16 rounded once at the end."""
+    rows, and more rows unchunked (with AVX-512, by six weight rows); the other rows and weight rows (70: tasks of
+    24, 24 and 22) as before; bfloat16 rounded once at the end."""
     generator = torch.Generator().manual_seed(rows + width)
     x, weight = torch.randn(rows, width, generator=generator), torch.randn(70, width, generator=generator)
     residual = torch.randn(rows, 70, generator=generator)

@@ -28,7 +28,7 @@ its eight-row product takes 1.7 times its one-row product). So a float32 or bflo
 CPU also keeps its plain weight (bfloat16 as its bits, `kernels.bfloat16`), and up to `STREAM_ROWS`
 (64) rows it runs `engine.kernels.gemv_cpu`'s loop, which reads each weight once at about the copy
 bandwidth and multiplies it into eight rows at a time while it sits in a register (above eight rows,
-blocks of four rows by four weight rows). With oneDNN that is a second copy of the weights in memory
+blocks of four rows by six or four weight rows). With oneDNN that is a second copy of the weights in memory
 (538 MB more for SmolLM2-135M in float32, 269 MB in bfloat16): the price of decode steps that run as
 whole compiled layers (`kernels.layer_cpu`), a quarter to a third shorter up to 12 sequences, and
 6-26% shorter from 16 to 48 (oneDNN's products part by part there before). In bfloat16 oneDNN's own
