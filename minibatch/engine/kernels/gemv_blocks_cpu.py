@@ -18,10 +18,16 @@ there: past a few dozen rows a step is compute-bound, as the roofline says.
 
 A block loads half a vector per multiply-add where eight rows against one weight row load more than
 one, so on a CPU with AVX-512 blocks run in sixteen lanes (`kernels.lanes16`; eight elsewhere) and
-start above four rows (BLOCK_ROWS). On a 2-core Xeon with AVX-512 (`python scripts/linear_ab.py`, layers
+start above four rows (now from four, below). On a 2-core Xeon with AVX-512 (`python scripts/linear_ab.py`, layers
 and head), the products at 8 / 12 / 16 / 32 / 64 rows took 22.6 / 27.3 / 33.9 / 55.7 / 94.5 ms against
 26.7 / 33.1 / 39.9 / 62.8 / 107.9 ms in eight lanes with blocks above eight rows; one row 19.8 ms. Two or
 three rows left over go in a block that overlaps the one before: six / seven rows 25.2 / 25.6 ms, not 28.8 / 33.5.
+In sixteen lanes blocks now start at four rows (BLOCK_ROWS 3; three rows are padded to four, `gemv_cpu`): four
+weight rows read side by side rather than one at a time, as one row does (`gemv_cpu._row1_outputs4`). On the Xeon,
+`python scripts/linear_ab.py --rows 1 3 4 5 --reps 5`, three runs each way, four rows' products took 2.0-2.6 ms
+more than one row's where they took 3.3-4.5 ms more one weight row at a time (bfloat16, `--dtype bfloat16`:
+12.5-12.8 + 1.9-2.4 ms against 13.7-14.7 + 2.8-2.9); whole decode steps of three / four sequences (`layer_ab.py
+--batch-sizes 1 3 4 8 --rounds 3`, two runs each way) 25.7-26.2 / 25.3-25.9 ms against 26.7-27.3 / 26.2-26.9.
 
 A block's four rows of x are read again for every four weight rows, so all the rows of x should stay
 in the first-level cache. For SmolLM2's down projection (1536 columns) eight rows are 48 KB, more
@@ -75,7 +81,7 @@ from minibatch.engine.kernels.lanes16 import LANES16, WIDE, fma16, fold16, load1
 
 PREFETCH_AHEAD = 4     # the weight row asked for while this one is multiplied (`kernels.gemv_cpu` says why)
 LINE = 16              # float32 values in a 64-byte cache line
-BLOCK_ROWS = 4 if WIDE else 8   # above this many rows, blocks of four rows by four weight rows
+BLOCK_ROWS = 3 if WIDE else 8   # above this many rows, blocks of four rows by six or four weight rows
 K_CHUNK = 768          # weight rows longer than this go a chunk of columns at a time (`gemv_cpu`'s eight rows:
                        # chunks of at most 768, 8 x 768 float32 = 24 KB)
 BLOCK_K_CHUNK = 384    # the blocks' chunks: about this many columns
