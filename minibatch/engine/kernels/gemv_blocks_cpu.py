@@ -18,7 +18,7 @@ there: past a few dozen rows a step is compute-bound, as the roofline says.
 
 A block loads half a vector per multiply-add where eight rows against one weight row load more than
 one, so on a CPU with AVX-512 blocks run in sixteen lanes (`kernels.lanes16`; eight elsewhere) and
-start above four rows (now from four, below). On a 2-core Xeon with AVX-512 (`python scripts/linear_ab.py`, layers
+started above four rows (from four now, see below). On a 2-core Xeon with AVX-512 (`python scripts/linear_ab.py`, layers
 and head), the products at 8 / 12 / 16 / 32 / 64 rows took 22.6 / 27.3 / 33.9 / 55.7 / 94.5 ms against
 26.7 / 33.1 / 39.9 / 62.8 / 107.9 ms in eight lanes with blocks above eight rows; one row 19.8 ms. Two or
 three rows left over go in a block that overlaps the one before: six / seven rows 25.2 / 25.6 ms, not 28.8 / 33.5.
@@ -59,7 +59,7 @@ rate is about half the cache rate (36-42 against 73-74).
 So in sixteen lanes the blocks are four rows by six weight rows (`_rows4_outputs6`): twenty-four running
 sums in 24 of AVX-512's 32 registers, ten vectors loaded for twenty-four multiply-adds, and each vector of x
 brought from the second-level cache feeds six multiply-adds, not four (a task's weight rows stay in the
-first-level cache while the blocks of rows go by). A task is ROWS_PER_TASK (24) weight rows, whole sixes
+first-level cache while the blocks of rows go by). A task is `gemv_cpu.ROWS_PER_TASK` (24) weight rows, whole sixes
 and fours; the fours and single rows take what is left. On the Xeon, `python scripts/stream_rates.py --rows
 8 16 24 32 64`, against four by four: in cache 99-107 GFMA/s from 16 rows (70 before), from memory 61.5 /
 78.6 / 88.1 / 91.3 at 16 / 24 / 32 / 64 rows (55.6 / 60.8 / 63.8 / 67.5), 8 rows the same; `python
