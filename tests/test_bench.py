@@ -256,3 +256,35 @@ def test_a_run_waits_out_the_busy_loop_of_the_system_before_it(monkeypatch):
         quiet.before(system)
     assert slept == [1.5, 1.5]      # before the run after each busy run: the third and the sixth
 
+
+class Stoppable:
+    """A system as the measuring loop sees it: whether pause() can stop it, and its busy loop after a run."""
+
+    def __init__(self, name, stoppable, busy_after_s, calls):
+        self.name, self.stoppable, self.busy_after_s, self.calls = name, stoppable, busy_after_s, calls
+
+    def pause(self):
+        self.calls.append(("pause", self.name))
+        return self.stoppable
+
+    def resume(self):
+        self.calls.append(("resume", self.name))
+
+
+def test_while_one_system_runs_the_others_are_stopped_and_a_stopped_busy_loop_is_not_waited_for(monkeypatch):
+    slept, calls = [], []
+    monkeypatch.setattr(measure.time, "sleep", slept.append)
+    here, peer, child = (Stoppable("here", False, 0.0, calls), Stoppable("peer", True, 1.5, calls),
+                         Stoppable("child", False, 1.5, calls))
+    quiet = measure.Quiet([here, peer, child])
+    quiet.before(peer)
+    assert calls == [("pause", "here"), ("resume", "peer"), ("pause", "child")] and slept == []
+    quiet.before(here)              # the peer ran last but is stopped now: its busy loop is frozen, no wait
+    assert ("pause", "peer") in calls[3:] and slept == []
+    quiet.before(child)
+    quiet.before(here)              # the child could not be stopped: its busy loop is waited out
+    assert slept == [1.5]
+    del calls[:]
+    quiet.done()
+    assert calls == [("resume", "here"), ("resume", "peer"), ("resume", "child")]
+

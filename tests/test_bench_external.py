@@ -3,7 +3,9 @@ peer (a shell script in place of its Python, a fake runner on the real protocol)
 command when a peer is missing, the near-tie check, and the shipped results' schema and loader."""
 import json
 import sys
+import time
 
+import psutil
 import pytest
 
 from minibatch.bench import external, report, results as shipped
@@ -25,8 +27,12 @@ def load(spec):
     print("a peer's log line on standard output")          # must not reach the conversation
     if spec.get("fail_load"):
         sys.exit(3)
+    child = None
+    if spec.get("child"):                                   # like vLLM's engine: a process of the runner's own
+        import subprocess
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
     return spec, {{"version": "fake-1.0", "threads": os.environ.get("OMP_NUM_THREADS"),
-                  "pythonpath": os.environ.get("PYTHONPATH"), "weight_bytes": 1000}}
+                  "pythonpath": os.environ.get("PYTHONPATH"), "weight_bytes": 1000, "child_pid": child}}
 
 def generate(spec, prompts, output_lens, batch_size):
     print("generating")
@@ -91,6 +97,70 @@ def test_a_runner_answers_job_after_job_through_the_peers_own_python(fake_peers)
     finally:
         peer.close()
     assert peer.runner is None
+
+
+def test_a_paused_peer_stops_with_its_children_until_resumed_and_still_closes_at_once(fake_peers):
+    """While another system runs, a peer's runner and its engine process are stopped (SIGSTOP to the group)."""
+    peer = FakePeer(fake_peers, child=True)
+    peer.prepare(1, 16)
+    peer.wait_ready()
+    processes = [psutil.Process(peer.runner.process.pid), psutil.Process(peer.info["child_pid"])]
+    try:
+        assert peer.pause()
+        assert settles(lambda: [p.status() for p in processes] == [psutil.STATUS_STOPPED] * 2)   # signals take a moment
+        peer.resume()
+        assert settles(lambda: psutil.STATUS_STOPPED not in [p.status() for p in processes])
+        assert peer.offline([[1, 2]], [2]).outputs == [[2, 3]]       # the conversation goes on where it stopped
+        peer.pause()
+        start = time.perf_counter()
+    finally:
+        peer.close()                                                 # resumed first, so it reads its end of input
+    assert time.perf_counter() - start < 30 and not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                                                         for p in processes)
+    assert FakePeer(fake_peers).pause() is False                     # no runner started: nothing to stop
+
+
+def settles(condition, seconds=10.0) -> bool:
+    """Whether condition() holds within `seconds` (checked every 10 ms)."""
+    end = time.perf_counter() + seconds
+    while not condition():
+        if time.perf_counter() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class RecordingPeer(FakePeer):
+    """The fake peer, noting when it is stopped, let run again, and measured."""
+
+    def __init__(self, script):
+        super().__init__(script)
+        self.events = []
+
+    def pause(self):
+        stopped = super().pause()
+        self.events.append("pause" if stopped else "nothing to pause")
+        return stopped
+
+    def resume(self):
+        super().resume()
+        self.events.append("resume")
+
+    def offline(self, prompts, output_lens):
+        self.events.append("run")
+        return super().offline(prompts, output_lens)
+
+
+def test_the_bench_stops_a_peer_while_minibatch_runs_and_lets_it_run_for_its_own_runs(fake_peers):
+    peer = RecordingPeer(fake_peers)
+    out = run_bench("tiny", SMALL, systems=["minibatch-continuous", peer], online=False, physical=False,
+                    use_tqdm=False)
+    assert [o["system"] for o in out["offline"]["order"]][:4] == ["minibatch-continuous", "fake-peer"] * 2
+    runs = [i for i, e in enumerate(peer.events) if e == "run"]
+    assert len(runs) == 2
+    for i in runs:                  # let run before each of its runs, and stopped again while minibatch ran
+        assert peer.events[i - 1] == "resume" and "pause" in peer.events[:i]
+    assert "pause" in peer.events[runs[0]:runs[1]]
 
 
 def test_a_failing_peer_is_reported_with_its_error_and_log(fake_peers):

@@ -111,9 +111,25 @@ class Runner:
         self.log.seek(0)
         return self.log.read()[-chars:]
 
+    def pause(self) -> None:
+        """Stop every process of the runner (its group, vLLM's engine included) until resume(): idle, a peer's
+        engine still wakes up now and then, and on a 2-core machine those wake-ups land in another system's run."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, number: int) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, number)
+            except ProcessLookupError:
+                pass                                                 # ended meanwhile: the next read says so
+
     def close(self) -> None:
         """End of input ends the runner; what is left of its process group a minute later is killed."""
         if self.process.poll() is None:
+            self.resume()                                            # a stopped runner cannot read its end of input
             self.process.stdin.close()
             try:
                 self.process.wait(timeout=60)
@@ -178,6 +194,17 @@ class ExternalSystem(System):
         reply = self.runner.ask({"prompts": [[int(t) for t in p] for p in prompts],
                                  "output_lens": [int(n) for n in output_lens], "batch_size": self.batch_size})
         return RunResult(reply["outputs"], reply["seconds"])
+
+    def pause(self) -> bool:
+        """Stop the runner's processes while another system is measured (see Runner.pause); True if stopped."""
+        if self.runner is None:
+            return False
+        self.runner.pause()
+        return True
+
+    def resume(self) -> None:
+        if self.runner is not None:
+            self.runner.resume()
 
     def release(self) -> None:
         self.close()

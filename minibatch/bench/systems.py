@@ -74,6 +74,14 @@ class System:
     def online(self, prompts: list, output_lens: list, arrivals: list) -> RunResult:
         raise NotImplementedError
 
+    def pause(self) -> bool:
+        """Stop its own processes while another system is measured; True if it did (a peer in its own process
+        can, one in the benchmark's process has nothing to stop)."""
+        return False
+
+    def resume(self) -> None:
+        """Undo pause() before its own run."""
+
     def preload(self, batch_size: int, max_len: int) -> None:
         """Start loading early, while the references are computed (peers that take minutes to start)."""
 
