@@ -9,7 +9,8 @@ from minibatch.bench import measure, report, roofline
 from minibatch.bench.suite import SYSTEM_NAMES, Scale, run_bench
 from minibatch.bench.check import compare, reference_outputs
 from minibatch.bench.peers import HFContinuous, HFGenerate
-from minibatch.bench.systems import Minibatch
+from minibatch.bench.systems import Minibatch, System
+from minibatch.bench.workloads import BenchWorkload
 from minibatch.bench.workloads import offline_workload
 
 SMALL = Scale(num_requests=4, prompt_median=8, output_mean=4, output_cap=8, batch_sizes=(2, 4), reps=2,
@@ -288,3 +289,39 @@ def test_while_one_system_runs_the_others_are_stopped_and_a_stopped_busy_loop_is
     quiet.done()
     assert calls == [("resume", "here"), ("resume", "peer"), ("resume", "child")]
 
+
+
+class Breaking(System):
+    """A system whose run fails with an error the measuring loop does not catch, beside a peer it stopped."""
+
+    name = label = "breaking"
+
+    def prepare(self, batch_size, max_len):
+        pass
+
+    def offline(self, prompts, output_lens):
+        raise RuntimeError("a bug in the middle of a run")
+
+
+class StoppablePeer(System):
+    name = label = "stoppable"
+
+    def __init__(self):
+        self.stopped = False
+
+    def prepare(self, batch_size, max_len):
+        pass
+
+    def pause(self):
+        self.stopped = True
+        return True
+
+    def resume(self):
+        self.stopped = False
+
+
+def test_a_run_that_fails_leaves_no_peer_stopped():
+    peer = StoppablePeer()
+    with pytest.raises(RuntimeError, match="a bug in the middle"):
+        measure.run_offline([Breaking(), peer], BenchWorkload([[1, 2]], [2]), {}, (1,), 1, use_tqdm=False)
+    assert not peer.stopped

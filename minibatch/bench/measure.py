@@ -88,28 +88,30 @@ def run_offline(systems, workload: BenchWorkload, references: dict, batch_sizes,
             return None
 
     quiet = Quiet(systems)
-    with tqdm(total=total, desc="offline", unit="run", disable=not use_tqdm) as bar:
-        for bs in batch_sizes:
-            quiet.done()                              # every runner free to load and warm up
-            here = [s for s in systems if runs_at(s, bs) and s.name not in failed]
-            n = batch_one_requests if bs == 1 and batch_one_requests else len(workload.prompts)
-            served, refs = workload.head(n), {k: r.head(n) for k, r in references.items()}
-            for system in here:
-                system.prepare(bs, workload.max_len)
-            for system in here:                       # every engine loaded before any run is timed
-                attempt(system, system.wait_ready)
-            for rep in range(reps):
-                for system in (s for s in here if s.name not in failed):
-                    bar.set_postfix_str(f"{system.name} batch {bs}")
-                    quiet.before(system)
-                    result = attempt(system, lambda: system.offline(served.prompts, served.output_lens))
-                    if result is not None:
-                        runs[system.name][bs].append((result, check(system, result.outputs, refs)))
-                        order.append({"system": system.name, "batch_size": bs, "rep": rep})
-                    bar.update(1)
-            quiet.done()
-            for system in here:
-                system.release()
+    try:
+        with tqdm(total=total, desc="offline", unit="run", disable=not use_tqdm) as bar:
+            for bs in batch_sizes:
+                here = [s for s in systems if runs_at(s, bs) and s.name not in failed]
+                n = batch_one_requests if bs == 1 and batch_one_requests else len(workload.prompts)
+                served, refs = workload.head(n), {k: r.head(n) for k, r in references.items()}
+                for system in here:
+                    system.prepare(bs, workload.max_len)
+                for system in here:                       # every engine loaded before any run is timed
+                    attempt(system, system.wait_ready)
+                for rep in range(reps):
+                    for system in (s for s in here if s.name not in failed):
+                        bar.set_postfix_str(f"{system.name} batch {bs}")
+                        quiet.before(system)
+                        result = attempt(system, lambda: system.offline(served.prompts, served.output_lens))
+                        if result is not None:
+                            runs[system.name][bs].append((result, check(system, result.outputs, refs)))
+                            order.append({"system": system.name, "batch_size": bs, "rep": rep})
+                        bar.update(1)
+                quiet.done()
+                for system in here:
+                    system.release()
+    finally:
+        quiet.done()                                      # nothing left stopped, whatever happened
     for system in systems:
         system.close()
     out = {"order": order, "systems": {}, "failed": failed}
