@@ -135,21 +135,6 @@ def _silu_mul(gate_up, out):
             put(out, (t, i), silu * get(gate_up, (t, inter + i)))
 
 
-# The attention backends whose KV write is a plain store into the (N, bs, Hkv, D) caches, which
-# `rotary_write_kv` does itself; any other backend writes its own K/V.
-PLAIN_KV_WRITE = ("minibatch.engine.kernels.torch_ref", "minibatch.engine.kernels.numba_cpu")
-
-
-def supports(x: torch.Tensor) -> bool:
-    """Whether these kernels can run on x: float32 or bfloat16 on the CPU."""
-    return x.device.type == "cpu" and supported(x.dtype)
-
-
-def writes_plain_kv(backend) -> bool:
-    """Whether the backend's write_kv is the plain store that `rotary_write_kv` makes."""
-    return getattr(backend, "__name__", None) in PLAIN_KV_WRITE
-
-
 def _kept_view(tensor: torch.Tensor) -> np.ndarray:
     """A numpy view of a contiguous CPU tensor that every layer passes again (weights, tables, caches, the
     step's positions and slots), made once: `Tensor.numpy()` costs microseconds, hundreds of times a step.
