@@ -38,7 +38,7 @@ def resolve(config: EngineConfig) -> Resolved:
     device, dtype = _device_dtype(config)
     kernels = _kernels(config.kernels, device, dtype)
     attention = _attention(config.attention_backend, kernels, dtype)
-    _check_quantization(config.quantization, config.model, device, dtype)
+    check_quantization(config.quantization, config.model, device, dtype)
     return Resolved(device, dtype, kernels, attention, config.quantization)
 
 
@@ -73,7 +73,7 @@ def _attention(name: str, kernels: str, dtype: torch.dtype) -> str:
     return name
 
 
-def _check_quantization(quantization: str | None, model: str, device: torch.device, dtype: torch.dtype) -> None:
+def check_quantization(quantization: str | None, model: str, device: torch.device, dtype: torch.dtype) -> None:
     """Raise ConfigError unless this model can be served with this quantization on this device and dtype."""
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"EngineConfig.quantization={quantization!r} is not allowed: choose one of "

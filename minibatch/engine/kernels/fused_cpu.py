@@ -35,7 +35,7 @@ import torch
 from numba import njit, prange
 
 from minibatch.engine.kernels import bfloat16, lanes
-from minibatch.engine.kernels.bfloat16 import as_stored, get, host_view, put, supported
+from minibatch.engine.kernels.bfloat16 import as_stored, get, host_view, put
 from minibatch.engine.kernels.lanes import LANES, exp8, fma8, load8, splat8, store8, sum8, zero8
 from minibatch.engine.kernels.stale_cache import forget_stale
 

@@ -129,9 +129,10 @@ class Product:
     """A weight (N, K) and its product by x (T, K): `product(x)` or `product(x, residual=r)`, (T, N)."""
 
     def __init__(self, weight, kernels: str):
+        blocks = isinstance(weight, QuantizedWeight)
         self.shape = torch.Size(weight.shape)
-        self.format = weight.format if isinstance(weight, QuantizedWeight) else str(weight.dtype)[6:]
-        self.weight_bytes = weight.nbytes() if isinstance(weight, QuantizedWeight) else weight.numel() * weight.element_size()
+        self.format = weight.format if blocks else str(weight.dtype)[6:]
+        self.weight_bytes = weight.nbytes() if blocks else weight.numel() * weight.element_size()
         built = {}
         self.bands = [(rows, built.setdefault(name, ROUTINES[name](weight))) for rows, name in bands(kernels, weight)]
 
