@@ -238,15 +238,10 @@ class SamplingParams:
             fail(owner, "logprobs", self.logprobs, f"None, or an integer in [0, {MAX_LOGPROBS}] (top log-probabilities per token)")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             fail(owner, "priority", self.priority, "an integer")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def penalised(self) -> bool:
-        """Whether any penalty changes the logits (they need the request's token history)."""
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        # What the sampler asks of a request at every step, decided once (attributes, not fields):
+        self.greedy = self.temperature == 0.0          # argmax, nothing drawn
+        self.penalised = (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                          or self.frequency_penalty != 0.0)   # penalties need the request's token history
 
     def for_sample(self, index: int) -> "SamplingParams":
         """The params of the index-th of n continuations: one sample each; a seeded request's i-th gets seed + i (vLLM)."""

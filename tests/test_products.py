@@ -10,15 +10,21 @@ from hypothesis import strategies as st
 from minibatch.engine.kernels.bfloat16 import host_view
 from minibatch.engine.kernels.gemv_blocks_cpu import CHUNKED_ROWS
 from minibatch.engine.kernels.gemv_cpu import K_CHUNK, streamed_linear
-from minibatch.engine.ops import crossover, products
+from minibatch.engine.ops import FastOps, ReferenceOps, crossover, products
 from minibatch.engine.ops.crossover import STREAM_ROWS
-from minibatch.engine.ops.products import ROUTINES, Product, bands, onednn_supports
+from minibatch.engine.ops.products import ROUTINES, bands, onednn_supports
+from minibatch.engine.ops.reference import TorchProduct
 
 CPU_ROUTINES = [r for r in ("torch", "streamed", "onednn") if r != "onednn" or onednn_supports(torch.zeros(1, 1))]
 
 
 def routine(name, weight):
     return ROUTINES[name](weight)
+
+
+def product(kernels, weight):
+    """The product a path builds for this weight at load."""
+    return {"reference": ReferenceOps, "fast": FastOps}[kernels](None).product(weight)
 
 
 @settings(max_examples=60, deadline=None)
@@ -41,10 +47,10 @@ def test_every_routine_matches_f_linear(path, rows, k, n, threads, seed):
 @pytest.mark.parametrize("rows", [1, 2, STREAM_ROWS, STREAM_ROWS + 1])
 def test_rows_of_a_batch_do_not_see_each_other(kernels, rows):
     """Row i of the output depends on row i of the input only, whichever band takes the rows."""
-    product = Product(torch.randn(48, 16), kernels)
+    product_ = product(kernels, torch.randn(48, 16))
     x = torch.randn(rows, 16)
-    alone = torch.cat([product(x[i:i + 1]) for i in range(rows)])
-    torch.testing.assert_close(product(x), alone, rtol=1e-5, atol=1e-5)
+    alone = torch.cat([product_(x[i:i + 1]) for i in range(rows)])
+    torch.testing.assert_close(product_(x), alone, rtol=1e-5, atol=1e-5)
 
 
 BF16_ROUTINES = [p for p in CPU_ROUTINES if p != "onednn" or onednn_supports(torch.zeros(1).bfloat16())]
@@ -59,17 +65,17 @@ def test_bfloat16_keeps_its_dtype_and_value(path):
 
 
 def test_the_table_gives_each_weight_its_bands(monkeypatch):
-    """reference: torch for every row count; fast: the streamed loop up to its crossover, then a GEMM;
-    blocks: their own kernels; where oneDNN is missing, torch takes the rows above the loop."""
+    """reference: F.linear for every row count; fast: the streamed loop up to its crossover, then a GEMM;
+    blocks: their own kernels; where oneDNN is missing, F.linear takes the rows above the loop."""
     from minibatch.engine.models.quantized import quantize_q8_0
     fp32 = torch.randn(64, 32)
-    assert bands("reference", fp32) == [(products.ANY_ROWS, "torch")]
+    assert isinstance(product("reference", fp32), TorchProduct)
+    assert isinstance(product("reference", quantize_q8_0(fp32)), TorchProduct)
     many = "onednn" if onednn_supports(fp32) else "torch"
-    assert bands("fast", fp32) == [(STREAM_ROWS, "streamed"), (products.ANY_ROWS, many)]
-    assert bands("fast", quantize_q8_0(fp32)) == [(products.ANY_ROWS, "blocks")]
-    assert bands("reference", quantize_q8_0(fp32)) == [(products.ANY_ROWS, "torch")]
+    assert bands(fp32) == [(STREAM_ROWS, "streamed"), (products.ANY_ROWS, many)]
+    assert bands(quantize_q8_0(fp32)) == [(products.ANY_ROWS, "blocks")]
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    assert bands("fast", fp32) == [(STREAM_ROWS, "streamed"), (products.ANY_ROWS, "torch")]
+    assert bands(fp32) == [(STREAM_ROWS, "streamed"), (products.ANY_ROWS, "torch")]
 
 
 def test_the_bfloat16_crossover_is_measured_once_and_kept(tmp_path, monkeypatch):
@@ -97,7 +103,7 @@ def test_the_residual_is_added_on_every_path_and_row_count(kernels, rows, k, n, 
     generator = torch.Generator().manual_seed(seed)
     x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
     residual = torch.randn(rows, n, generator=generator)
-    out = Product(weight, kernels)(x, residual=residual)
+    out = product(kernels, weight)(x, residual=residual)
     torch.testing.assert_close(out, residual + F.linear(x, weight), rtol=1e-5, atol=1e-4)
 
 
@@ -105,14 +111,14 @@ def test_a_few_rows_are_streamed_and_more_are_not(monkeypatch):
     calls = []
     streamed = products.streamed_linear
     monkeypatch.setattr(products, "streamed_linear", lambda *a: calls.append(a[0].shape[0]) or streamed(*a))
-    product = Product(torch.randn(6, 4), "fast")
+    fast = product("fast", torch.randn(6, 4))
     counts = (1, 2, 3, 8, STREAM_ROWS, STREAM_ROWS + 1, 2 * STREAM_ROWS)
     for rows in counts:
-        product(torch.randn(rows, 4))
+        fast(torch.randn(rows, 4))
     assert calls == [r for r in counts if r <= STREAM_ROWS]
-    assert product.operands(1) is not None and product.operands(STREAM_ROWS + 1) is None
-    assert Product(torch.randn(6, 4, dtype=torch.bfloat16), "fast").routine(1).plain.dtype == np.uint16  # its bits
-    assert Product(torch.randn(6, 4), "reference").operands(1) is None      # the reference never compiles a layer
+    assert fast.operands(1) is not None and fast.operands(STREAM_ROWS + 1) is None
+    assert product("fast", torch.randn(6, 4, dtype=torch.bfloat16)).routine(1).plain.dtype == np.uint16  # its bits
+    assert product("reference", torch.randn(6, 4)).operands(1) is None      # the reference never compiles a layer
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 11, 13, 30])

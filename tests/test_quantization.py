@@ -13,7 +13,8 @@ from minibatch.engine.kernels import quantized_groups_numba, quantized_numba
 from minibatch.engine.models import load_hf, load_model
 from minibatch.engine.models.gguf_blocks import gguf_file, read_blocks, unpermute_rows
 from minibatch.engine.models.quantized import QuantizedWeight, quantize_q4_1, quantize_q8_0
-from minibatch.engine.ops.products import BlocksProduct, Product, TorchProduct
+from minibatch.engine.ops.products import BlocksProduct, Product
+from minibatch.engine.ops.reference import TorchProduct
 from minibatch.engine.resolve import check_quantization
 from tests.conftest import reference_greedy
 
@@ -69,7 +70,7 @@ def test_fp16_scales_become_fp32_exactly_subnormals_included():
 def test_numba_kernel_matches_the_torch_reference(fmt, rows, blocks, n, seed):
     weight = QUANTIZE[fmt](random_weight(n, 32 * blocks, seed))
     x = torch.randn(rows, 32 * blocks, generator=torch.Generator().manual_seed(seed + 1))   # (T, K)
-    fast, reference = Product(weight, "fast")(x), Product(weight, "reference")(x)
+    fast, reference = Product(weight)(x), TorchProduct(weight)(x)
     assert fast.shape == reference.shape == (rows, n)
     torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(reference, x @ weight.dequantize().T, rtol=1e-5, atol=1e-5)
@@ -92,7 +93,7 @@ def test_row_groups_are_the_same_bytes_interleaved_with_zero_padding():
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
 def test_rows_of_a_batch_do_not_see_each_other_and_add_to_adds(fmt, rows):
     weight = QUANTIZE[fmt](random_weight(40, 64, 3))
-    product = Product(weight, "fast")
+    product = Product(weight)
     x, residual = torch.randn(rows, 64), torch.randn(rows, 40)
     alone = torch.cat([product(x[i:i + 1]) for i in range(rows)])
     torch.testing.assert_close(product(x), alone, rtol=1e-6, atol=1e-6)

@@ -16,13 +16,13 @@ from minibatch.engine.kv import KVCache, blocks_for, kv_bytes_per_token, pool_bl
 from minibatch.engine.parts import ModelParts
 from minibatch.engine.ops import make_ops
 from minibatch.engine.plugins import Plugins
-from minibatch.engine.records import BlockTableRecorder, StepRecord
+from minibatch.engine.records import BlockTableRecorder, PhaseTimer, StepRecord
 from minibatch.engine.request import Request
 from minibatch.engine.resolve import resolve
 from minibatch.engine.schedulers import StepPlan
 from minibatch.engine.speculative import make_decoder
 from minibatch.engine.threads import use_threads
-from minibatch.engine.timing import PhaseTimer, StepProfiler
+from minibatch.engine.timing import StepProfiler
 from minibatch.engine.tokens import PromptEncoder
 
 DEFAULT_MAX_MODEL_LEN = 4096   # cap on the model's own context, so the default KV budget holds several sequences
@@ -217,7 +217,7 @@ class LLMEngine:
             num_decode_tokens=sum(1 for s in plan.seqs if not s.is_prefill),
             queue_depth=len(self.scheduler.waiting), kv_blocks_used=self.blocks.num_used_blocks,
             kv_blocks_total=self.blocks.num_blocks, kv_tokens_stored=self.blocks.num_tokens_stored,
-            idle_slots=self.config.batch_slots - len(plan.seqs),
+            idle_slots=self.scheduler.max_batch_size - len(plan.seqs),
             num_preempted=len(plan.preempted), slots=slots, block_tables=self.block_recorder.snapshot(self.blocks),
             cached_blocks=self.block_recorder.cached(self.blocks))
 

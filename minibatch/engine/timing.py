@@ -1,6 +1,5 @@
-"""Timers for a step: its phases (`PhaseTimer`), and its model work's parts when `EngineConfig(profile_steps=True)`.
+"""Timers for a step's model work, part by part, when `EngineConfig(profile_steps=True)`.
 
-`PhaseTimer` times the phases of every step (schedule, propose, model, sample, update).
 `StepProfiler.instrument` wraps, on these instances, the runner's input preparation, the path's operations
 (`engine/ops`) and every weight's product, so each call adds its seconds to its part: norm, attention
 (q|k|v and output products, rotary + KV write, paged attention), mlp (gate|up and down products, SwiGLU)
@@ -14,7 +13,6 @@ On CUDA a timer synchronises the device before and after, so a part is charged f
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 
 import torch
 
@@ -123,25 +121,3 @@ class StepProfiler:
         times = dict(self.times)
         self.times = dict.fromkeys(self.times, 0.0)
         return times
-
-
-class PhaseTimer:
-    """Seconds per phase of one step: `with timer("model"): ...`. With a StepProfiler, the model
-    phase's parts too; parts timed before that phase (a layer-skip draft's layers) count as propose."""
-
-    def __init__(self, profiler: StepProfiler | None = None):
-        self.profiler = profiler
-        self._times: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, phase: str, counted: bool = True):
-        if self.profiler and phase == "model":
-            self.profiler.collect()                 # start the parts' counters at the model phase
-        start = time.perf_counter()
-        yield
-        if counted:
-            self._times[phase] = time.perf_counter() - start
-
-    def times(self) -> dict:
-        """The step's phase times, and its model parts' when profiled."""
-        return {**self._times, **(self.profiler.collect() if self.profiler else {})}

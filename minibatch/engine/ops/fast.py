@@ -12,6 +12,7 @@ same kernels. Float32 or bfloat16 on a CPU (engine/resolve.py refuses anything e
 from __future__ import annotations
 
 from minibatch.engine.kernels import fused_cpu, layer_cpu, numba_cpu
+from minibatch.engine.ops.products import Product
 from minibatch.engine.ops.reference import ReferenceOps
 
 PRODUCTS = ("qkv", "o", "gate_up", "down")   # a layer's products, in the order the compiled layer takes them
@@ -26,6 +27,10 @@ class FastOps(ReferenceOps):
         super().__init__(backend)
         self.compiled_attention = backend is numba_cpu     # the compiled layer has the Numba kernel built in
         self._operands = {}                                # (first layer, layers, rows) -> their operands, or None
+
+    def product(self, weight) -> Product:
+        """The product by a weight, its routine for each band of rows from the table (`ops.products`)."""
+        return Product(weight)
 
     def rms_norm(self, x, weight, eps):
         return fused_cpu.rms_norm(x, weight, eps)

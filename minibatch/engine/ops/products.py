@@ -1,31 +1,28 @@
-"""Every weight matrix's product, chosen once, when the model loads, from one table.
+"""The fast path's products: for every weight matrix, which routine multiplies how many rows, from one table.
 
 A product multiplies the rows x (T, K) of a step by a weight (N, K) transposed, giving (T, N), and adds
-the residual (T, N) where the layer adds one. Which routine does it depends on the path
-(`EngineConfig.kernels`), on the weight (device, dtype, block format) and on how many rows the step has.
-`bands` is that choice, written once as a table:
+the residual (T, N) where the layer adds one. The reference path does it with F.linear for any rows
+(`ops.reference.TorchProduct`). On the fast path the routine depends on the weight (device, dtype, block
+format) and on how many rows the step has; `bands` is that choice, written once, when the model loads:
 
-    kernels     weight                       rows               routine    why
-    reference   any                          any                torch      F.linear (blocks expanded first):
-                                                                           short, any device and dtype
-    fast        float32 on a CPU             1 .. 64            streamed   each weight read once for all rows,
-                                                                           at memory speed; runs inside a
-                                                                           compiled decode layer
-                                             more               onednn     a packed GEMM: prefill chunks are
-                                                                           compute-bound, where it is faster
-    fast        bfloat16 on a CPU            1 .. crossover     streamed   as above
-                                             more               onednn     the crossover is measured on this
-                                                                           machine, once (`crossover`)
-    fast        q8_0 or q4_1 blocks          any                blocks     reads the blocks, never an fp32 copy
+    weight                       rows               routine    why
+    float32 on a CPU             1 .. 64            streamed   each weight read once for all rows,
+                                                               at memory speed; runs inside a compiled
+                                                               decode layer
+                                 more               onednn     a packed GEMM: prefill chunks are
+                                                               compute-bound, where it is faster
+    bfloat16 on a CPU            1 .. crossover     streamed   as above
+                                 more               onednn     the crossover is measured on this
+                                                               machine, once (`crossover`)
+    q8_0 or q4_1 blocks          any                blocks     reads the blocks, never an fp32 copy
 
-Where oneDNN is missing from torch's build, `torch` stands in for `onednn`. `Product` builds each routine
+Where oneDNN is missing from torch's build, F.linear (`torch`) stands in for `onednn`. `Product` builds each routine
 of its bands once (each keeps the weight in the form it reads) and picks the band for the rows it is given.
 Measurements behind the bands: docs/performance.md, "Products and where each path wins".
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from minibatch.engine.kernels import quantized_numba
 from minibatch.engine.kernels.bfloat16 import host_view
@@ -33,23 +30,9 @@ from minibatch.engine.kernels.gemv_cpu import streamed_linear
 from minibatch.engine.kernels.layer_cpu import Q4_1Blocks, Q8_0Blocks, Streamed
 from minibatch.engine.models.quantized import QuantizedWeight
 from minibatch.engine.ops.crossover import STREAM_ROWS, streamed_rows
+from minibatch.engine.ops.reference import TorchProduct, describe
 
 ANY_ROWS = float("inf")
-
-
-class TorchProduct:
-    """F.linear on the plain weight; block formats are expanded to float32 first (the readable reference)."""
-
-    def __init__(self, weight):
-        self.weight = weight
-
-    def __call__(self, x, residual=None):
-        weight = self.weight.dequantize() if isinstance(self.weight, QuantizedWeight) else self.weight  # (N, K)
-        out = F.linear(x, weight)                                           # (T, N)
-        return out if residual is None else residual + out
-
-    def operands(self):
-        return None                                                         # not run inside a compiled layer
 
 
 class StreamedProduct:
@@ -61,7 +44,7 @@ class StreamedProduct:
     def __call__(self, x, residual=None):
         return streamed_linear(x, self.plain, residual)
 
-    def operands(self):
+    def operands(self, rows: int):
         return Streamed(self.plain)
 
 
@@ -80,8 +63,8 @@ class OneDNNProduct:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return torch.ops.mkldnn._linear_pointwise(x, residual, self.packed, None, "add")
 
-    def operands(self):
-        return None
+    def operands(self, rows: int):
+        return None                                                         # not run inside a compiled layer
 
 
 class BlocksProduct:
@@ -97,7 +80,7 @@ class BlocksProduct:
         out = self.matmul(x, *self.arrays)                                  # (T, N)
         return out if residual is None else residual + out
 
-    def operands(self):
+    def operands(self, rows: int):
         plain = 2 if self.format == "q8_0" else 3                           # codes, scales[, mins]; then groups
         kind = Q8_0Blocks if self.format == "q8_0" else Q4_1Blocks
         return kind(*self.arrays[:plain], quantized_numba.BLOCK, *self.arrays[plain:])
@@ -115,10 +98,8 @@ def onednn_supports(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.float32
 
 
-def bands(kernels: str, weight) -> list[tuple[float, str]]:
+def bands(weight) -> list[tuple[float, str]]:
     """The table above for one weight: [(up to this many rows, routine name), ...], rows ascending."""
-    if kernels == "reference":
-        return [(ANY_ROWS, "torch")]
     if isinstance(weight, QuantizedWeight):
         return [(ANY_ROWS, "blocks")]
     many = "onednn" if onednn_supports(weight) else "torch"
@@ -128,13 +109,10 @@ def bands(kernels: str, weight) -> list[tuple[float, str]]:
 class Product:
     """A weight (N, K) and its product by x (T, K): `product(x)` or `product(x, residual=r)`, (T, N)."""
 
-    def __init__(self, weight, kernels: str):
-        blocks = isinstance(weight, QuantizedWeight)
-        self.shape = torch.Size(weight.shape)
-        self.format = weight.format if blocks else str(weight.dtype)[6:]
-        self.weight_bytes = weight.nbytes() if blocks else weight.numel() * weight.element_size()
+    def __init__(self, weight):
+        self.shape, self.format, self.weight_bytes = describe(weight)
         built = {}
-        self.bands = [(rows, built.setdefault(name, ROUTINES[name](weight))) for rows, name in bands(kernels, weight)]
+        self.bands = [(rows, built.setdefault(name, ROUTINES[name](weight))) for rows, name in bands(weight)]
 
     def routine(self, rows: int):
         """The routine that multiplies `rows` rows."""
@@ -145,7 +123,7 @@ class Product:
 
     def operands(self, rows: int):
         """What the compiled decode layer multiplies by at `rows` rows, or None where another routine runs."""
-        return self.routine(rows).operands() if 0 < rows <= STREAM_ROWS else None
+        return self.routine(rows).operands(rows) if 0 < rows <= STREAM_ROWS else None
 
     def numel(self) -> int:
         return self.shape.numel()
@@ -155,5 +133,5 @@ class Product:
         return self.weight_bytes
 
     def __repr__(self):
-        names = ", ".join(f"{type(r).__name__[:-7].lower()} to {rows}" for rows, r in self.bands)
+        names = ", ".join(f"{type(r).__name__[:-7].lower()} up to {rows} rows" for rows, r in self.bands)
         return f"Product({tuple(self.shape)}, {self.format}: {names})"

@@ -10,7 +10,41 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minibatch.engine.ops.products import Product
+from minibatch.engine.models.quantized import QuantizedWeight
+
+
+def describe(weight) -> tuple[torch.Size, str, int]:
+    """A weight's shape (N, K), its format ('float32', 'bfloat16', 'q8_0', ...) and the bytes a product reads."""
+    if isinstance(weight, QuantizedWeight):
+        return torch.Size(weight.shape), weight.format, weight.nbytes()
+    return weight.shape, str(weight.dtype)[6:], weight.numel() * weight.element_size()
+
+
+class TorchProduct:
+    """A weight (N, K) and its product by x (T, K) with F.linear: `product(x)` or `product(x, residual=r)`, (T, N).
+    Blocks (q8_0, q4_1) are expanded to float32 first: the readable reference of their kernels."""
+
+    def __init__(self, weight):
+        self.weight = weight
+        self.shape, self.format, self.weight_bytes = describe(weight)
+
+    def __call__(self, x, residual=None):
+        weight = self.weight.dequantize() if isinstance(self.weight, QuantizedWeight) else self.weight  # (N, K)
+        out = F.linear(x, weight)                                        # (T, N)
+        return out if residual is None else residual + out
+
+    def operands(self, rows: int):
+        return None                                                      # never run inside a compiled layer
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def nbytes(self) -> int:
+        """Bytes one product reads from the weight, in its storage format."""
+        return self.weight_bytes
+
+    def __repr__(self):
+        return f"TorchProduct({tuple(self.shape)}, {self.format})"
 
 
 class ReferenceOps:
@@ -21,9 +55,9 @@ class ReferenceOps:
     def __init__(self, backend):
         self.backend = backend
 
-    def product(self, weight) -> Product:
+    def product(self, weight) -> TorchProduct:
         """The product by a weight (N, K), a tensor or quantised blocks, for every row count."""
-        return Product(weight, self.name)
+        return TorchProduct(weight)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x (T, C) scaled to unit root-mean-square, computed in float32 as Llama does, times weight (C,).
