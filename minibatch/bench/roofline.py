@@ -29,7 +29,7 @@ from minibatch.config import EngineConfig, SamplingParams
 from minibatch.sim.costmodel import ModelSize, RooflineCostModel, StepShape
 from minibatch.engine.kv import blocks_for
 from minibatch.llm import LLM
-from minibatch.analysis.profiler import profile_decode
+from minibatch.tools.profile import profile_decode
 
 COPY_BYTES = 256 << 20   # size of the copied tensor: far larger than any CPU cache
 OVERHEAD_BATCH = 32      # batch size at which the engine's overhead share is measured
