@@ -194,7 +194,7 @@ def test_roofline_arithmetic(tiny_hf):
 
 
 def test_saturating_batch_is_the_knee_of_the_roofline():
-    from minibatch.bench.roofline import balance, saturating_batch
+    from minibatch.analysis.roofline import balance, saturating_batch
     from minibatch.sim.costmodel import ModelSize, RooflineCostModel
     from minibatch.engine.models.tiny import tiny_config
     size, context = ModelSize.of(tiny_config()), 64
