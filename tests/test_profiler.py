@@ -7,7 +7,8 @@ from matplotlib.figure import Figure
 from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest
 from minibatch.engine.cuda_graphs import CudaGraphRunner, decode_attention
 from minibatch.engine.kernels import AttentionMetadata, torch_ref
-from minibatch.analysis.profiler import MODEL_PARTS, PARTS, breakdown, profile_decode
+from minibatch.analysis.profiler import MODEL_PARTS, PARTS, breakdown
+from minibatch.tools.profile import profile_decode
 from minibatch.engine.runner import ModelRunner
 from minibatch.viz import step_profile
 from tests.conftest import reference_greedy
