@@ -34,6 +34,9 @@ libraries do: e ** x = 2 ** n * e ** r with n = round(x / ln 2) and r = x - n ln
 ln 2 / 2] (ln 2 split in two constants, so that n ln 2 is exact enough), e ** r by a degree-7
 polynomial (Cephes' expf coefficients), 2 ** n from the exponent bits. Relative error about 2e-7
 for x in [-87.3, 88] (x is clamped to that range: below it e ** x is 1e-38 rather than 0).
+
+Measurements of the kernels written in these lanes against scalar loops: docs/performance.md, section
+"Paged attention on the CPU".
 """
 from __future__ import annotations
 

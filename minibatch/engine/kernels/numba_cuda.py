@@ -19,6 +19,9 @@ It is a teaching kernel: production kernels (vLLM's paged attention, FlashInfer)
 contexts across blocks (flash-decoding), let several threads share one key's dot product and
 work in bf16. Tensors are handed over zero-copy with `cuda.as_cuda_array`; under the CUDA
 simulator (`NUMBA_ENABLE_CUDASIM=1`, for tests without a GPU) they are CPU numpy views.
+
+Shapes: query (T, Hq, D), caches (N, block_size, Hkv, D), output (T, Hq, D). Its speed is not
+measured in docs/performance.md, which covers the CPU kernels; the GPU check tests it for correctness.
 """
 from __future__ import annotations
 

@@ -9,9 +9,8 @@ Each format has two kernels, on two orders of the same bytes (`host_arrays` make
   larger batches). Two rows of the weight at a time, in the file's order: expand their K weights
   into a buffer (6 KB a row for K = 1536), then multiply them into every one of the T rows of x,
   four rows of x at a time (`_dot2x4`: eight sums in registers, each value loaded used four or two
-  times). A step of 8 sequences reads the same bytes from memory as a step of 1. Measured with
-  `python scripts/quant_ab.py --skip engine --rows 8 32`: the 30 layers' q4_1 at 32 rows (a
-  prefill chunk) 88-90 -> 60 ms, as fast as oneDNN's float32 (61-65 ms); at 8 rows 26-27 -> 23 ms.
+  times). A step of 8 sequences reads the same bytes from memory as a step of 1, and a prefill
+  chunk's q4_1 products run as fast as oneDNN's float32 ones.
 - **A few rows** (1 to FEW_ROWS rows: a decode step of one or two users) run on a second copy of
   the blocks with rows interleaved, in `quantized_groups_numba`, which says why.
 
@@ -24,6 +23,9 @@ sums into SIMD lanes, so results match the reference to rounding, not bit for bi
 is passed in rather than written as the constant 32: a loop of unknown length gets vectorised,
 while a constant one is unrolled into scalar code. Compiled code is cached on disk (`cache=True`; compiled again
 when `quantized_groups_numba` changes, `kernels.stale_cache`).
+
+Shapes: x (T, K) float32, a weight of N rows by K columns in blocks of 32 along each row, out and
+residual (T, N). Measurements: docs/performance.md, section "Quantised products".
 """
 from __future__ import annotations
 

@@ -8,6 +8,9 @@ GQA without copying KV: the `group` query heads that share one KV head are folde
 query-length axis, so `(Tq, Hq, D)` becomes `(Hkv, group * Tq, D)` and attends to `(Hkv, L, D)`.
 Decode sequences (one query each) and prefill sequences (many) are attended as two groups, so a
 long prompt does not pad every decode row to its length.
+
+Shapes: query (T, Hq, D), caches (N, block_size, Hkv, D), output (T, Hq, D). The Numba kernel is
+measured against this reference: docs/performance.md, section "Paged attention on the CPU".
 """
 from __future__ import annotations
 
