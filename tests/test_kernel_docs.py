@@ -132,7 +132,8 @@ def outside_engine() -> list[Path]:
     found = []
     for folder in ("minibatch", "tests", "scripts", "notebooks", "solutions", "exercises"):
         for path in sorted((ROOT / folder).rglob("*")):
-            if path.suffix in (".py", ".ipynb") and ENGINE not in path.parents and ".ipynb_checkpoints" not in path.parts:
+            checkpoint = ".ipynb_checkpoints" in path.parts
+            if path.suffix in (".py", ".ipynb") and ENGINE not in path.parents and not checkpoint:
                 found.append(path)
     return found
 
