@@ -1,10 +1,10 @@
 """Eight float32 lanes as a Numba value: the vector registers a hand-written CPU kernel works in.
 
-A compiler vectorises a simple loop by itself, but it decides on its own how: which values stay in
-registers, how many sums run side by side, whether the memory ahead is asked for early. A kernel
-that must run at the speed of the hardware says it explicitly, as C code does with intrinsics.
-These functions are that vocabulary, for Numba: each compiles to one or a few LLVM vector
-instructions (AVX's 256-bit registers on x86, two 128-bit NEON registers on ARM).
+A compiler vectorises a simple loop by itself, but it decides on its own how: which values stay in registers, how
+many sums run side by side, whether the memory ahead is asked for early. A kernel that must run at the speed of the
+hardware says it explicitly, as C code does with intrinsics. These functions are that vocabulary, for Numba: each
+compiles to one or a few LLVM vector instructions (AVX's 256-bit registers on x86, two 128-bit NEON registers on
+ARM). Kernels in these lanes against scalar loops: docs/performance.md, section "Paged attention on the CPU".
 
     zero8()                   [0, 0, 0, 0, 0, 0, 0, 0]
     splat8(s)                 [s, s, s, s, s, s, s, s]
@@ -34,9 +34,6 @@ libraries do: e ** x = 2 ** n * e ** r with n = round(x / ln 2) and r = x - n ln
 ln 2 / 2] (ln 2 split in two constants, so that n ln 2 is exact enough), e ** r by a degree-7
 polynomial (Cephes' expf coefficients), 2 ** n from the exponent bits. Relative error about 2e-7
 for x in [-87.3, 88] (x is clamped to that range: below it e ** x is 1e-38 rather than 0).
-
-Measurements of the kernels written in these lanes against scalar loops: docs/performance.md, section
-"Paged attention on the CPU".
 """
 from __future__ import annotations
 
