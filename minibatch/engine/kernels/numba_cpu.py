@@ -58,6 +58,7 @@ from minibatch.engine.kernels.stale_cache import forget_stale
 
 @njit(nogil=True, cache=True)
 def _write_kv(key, value, k_cache, v_cache, slot_mapping):
+    """key, value (T, Hkv, D) into the caches (N, bs, Hkv, D): token t at flat slot slot_mapping[t]."""
     block_size = k_cache.shape[1]
     for t in range(key.shape[0]):                        # a memory copy: threads would not pay off
         block, offset = slot_mapping[t] // block_size, slot_mapping[t] % block_size
@@ -146,6 +147,8 @@ def _add_weighted_values(acc, g, correction, scores, values, first_v_row, v_step
 
 @njit(parallel=True, nogil=True, cache=True)
 def _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out):
+    """out (T, Hq, D): every query row attends causally to its sequence's cached keys, read in place through the
+    block table, one KV block at a time with an online softmax; threads over (row, KV head) pairs."""
     num_rows, num_heads, head_dim = query.shape                 # query, out: (T, Hq, D)
     num_blocks, block_size, num_kv_heads = k_cache.shape[:3]    # caches: (N, bs, Hkv, D)
     group = num_heads // num_kv_heads

@@ -116,6 +116,8 @@ def _expand_q4_1(codes, d, m, block, w):
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _q8_0_many_into(x, codes, scales, block, residual, add_residual, out):
+    """out (T, N) = x (T, K) times the q8_0 weight (N, K) transposed (+ residual): two weight rows expanded at a
+    time, each multiplied into four rows of x at once."""
     num_out = codes.shape[0]                                  # x (T, K); codes (N, K) int8
     num_blocks = scales.shape[1]                              # scales (N, K/32) uint16; residual, out (T, N)
     for task in prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -142,6 +144,7 @@ def _q8_0_into(x, codes, scales, block, grouped, group_scales, residual, add_res
 
 @njit(nogil=True, cache=True)
 def _q8_0_matmul(x, codes, scales, block, grouped, group_scales):
+    """x (T, K) times the q8_0 weight transposed: a new (T, N) float32 array."""
     out = np.empty((x.shape[0], codes.shape[0]), np.float32)  # (T, N)
     _q8_0_into(x, codes, scales, block, grouped, group_scales, out, False, out)
     return out
@@ -149,6 +152,8 @@ def _q8_0_matmul(x, codes, scales, block, grouped, group_scales):
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _q4_1_many_into(x, codes, scales, mins, block, residual, add_residual, out):
+    """out (T, N) = x (T, K) times the q4_1 weight (N, K) transposed (+ residual): two weight rows expanded at a
+    time, each multiplied into four rows of x at once."""
     num_out = codes.shape[0]                                  # x (T, K); codes (N, K/2) uint8
     num_blocks = scales.shape[1]                              # scales, mins (N, K/32) uint16; residual, out (T, N)
     for task in prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -177,6 +182,7 @@ def _q4_1_into(x, codes, scales, mins, block, grouped, group_scales, group_mins,
 
 @njit(nogil=True, cache=True)
 def _q4_1_matmul(x, codes, scales, mins, block, grouped, group_scales, group_mins):
+    """x (T, K) times the q4_1 weight transposed: a new (T, N) float32 array."""
     out = np.empty((x.shape[0], codes.shape[0]), np.float32)  # (T, N)
     _q4_1_into(x, codes, scales, mins, block, grouped, group_scales, group_mins, out, False, out)
     return out
@@ -194,6 +200,7 @@ def host_arrays(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | 
 
 
 def _rows(x: torch.Tensor) -> np.ndarray:
+    """x (T, K) as the float32 numpy array the kernels take; a clear error for any other dtype or device."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"the Numba quantised kernels take float32 rows on the CPU, not {x.dtype} on {x.device}: "
                          "use dtype='float32' and device='cpu'")
