@@ -24,6 +24,7 @@ Feeds docs/performance.md, sections "Whole compiled layers", "Fused small parts"
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -66,7 +67,7 @@ def steps(args) -> None:
                     decode, ids = run(whole, prompts)
                     times[whole] += decode
                     tokens[whole].append(ids)
-            whole_ms, parts_ms = (1e3 * torch.tensor(times[w]).median().item() for w in (True, False))
+            whole_ms, parts_ms = (1e3 * statistics.median(times[w]) for w in (True, False))
             same = all(t == tokens[True][0] for t in tokens[True] + tokens[False])
             print(f"{batch:5d} {whole_ms:10.1f} ms {parts_ms:10.1f} ms {whole_ms / parts_ms:6.2f}  {same}")
     finally:
