@@ -25,7 +25,7 @@ from minibatch.checks.memory import check_append_token, check_kv_capacity, check
 from minibatch.checks.latency import check_batch_timeout
 from minibatch.checks.monitoring import check_histogram_quantile
 from minibatch.checks.capstone import check_capstone
-from minibatch.checks.why_batch import check_roofline_tokens_per_s
+from minibatch.checks.why_batch import check_knee_prediction, check_roofline_tokens_per_s
 from minibatch.checks.chunking import check_burst_lab, check_long_prompt_ttft, check_pick_token_budget
 from minibatch.checks.slm_vs_llm import check_saturating_batch
 from minibatch.checks.prefix_caching import check_prefix_hits
