@@ -22,7 +22,7 @@ from minibatch.checks.small_models import check_batch_for_fixed_share, check_ove
 from minibatch.checks.speculation import check_speculation_speedup, check_verify_greedy
 from minibatch.checks.serving import check_read_load
 from minibatch.checks.memory import check_append_token, check_kv_capacity, check_paged_decode_attention
-from minibatch.checks.latency import check_batch_timeout
+from minibatch.checks.latency import check_added_ttft, check_batch_timeout
 from minibatch.checks.monitoring import check_histogram_quantile
 from minibatch.checks.capstone import check_capstone
 from minibatch.checks.why_batch import check_knee_prediction, check_roofline_tokens_per_s
