@@ -21,7 +21,8 @@ from minibatch.checks.policies import check_policy_lab
 from minibatch.checks.small_models import check_batch_for_fixed_share, check_overhead_share
 from minibatch.checks.speculation import check_speculation_speedup, check_verify_greedy
 from minibatch.checks.serving import check_read_load
-from minibatch.checks.memory import check_append_token, check_kv_capacity, check_paged_decode_attention
+from minibatch.checks.memory import check_append_token, check_paged_decode_attention
+from minibatch.checks.kv_budget import check_kv_prediction
 from minibatch.checks.latency import check_added_ttft, check_batch_timeout
 from minibatch.checks.monitoring import check_histogram_quantile
 from minibatch.checks.capstone import check_capstone
