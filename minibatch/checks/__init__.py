@@ -27,7 +27,8 @@ from minibatch.checks.latency import check_added_ttft, check_batch_timeout
 from minibatch.checks.monitoring import check_histogram_quantile
 from minibatch.checks.capstone import check_capstone
 from minibatch.checks.why_batch import check_knee_prediction, check_roofline_tokens_per_s
-from minibatch.checks.chunking import check_burst_lab, check_long_prompt_ttft, check_pick_token_budget
+from minibatch.checks.chunking import (check_budget_scheduler, check_burst_lab, check_long_prompt_ttft,
+                                      check_pick_token_budget)
 from minibatch.checks.slm_vs_llm import check_saturating_batch
 from minibatch.checks.prefix_caching import check_prefix_hits
 from minibatch.checks.build import check_allocator, check_built_engine, check_prefix_hash, check_scheduler
