@@ -19,6 +19,24 @@ def _growth_cases():
     return cases
 
 
+def _explain_growth(call, num_tokens, block_size, got, expected):
+    """AssertionError naming the rule a wrong step broke, when it is one of the usual ones."""
+    (slot, table, _), (want_slot, want_table, _) = got, expected
+    if len(table) > len(want_table):
+        raise AssertionError(f"{call}: you took a new block, but position {num_tokens} still fits in the last block "
+                             f"(a block holds {block_size} tokens; a new one is needed only when "
+                             "num_tokens % block_size == 0)")
+    if len(table) < len(want_table):
+        raise AssertionError(f"{call}: position {num_tokens} starts a new block, but you took none: every block so far "
+                             "is full")
+    if table != want_table:
+        raise AssertionError(f"{call}: you took block {table[-1]}, the free list's front is {want_table[-1]}: take "
+                             "blocks from the front (popleft), as the engine's BlockManager does")
+    if slot != want_slot:
+        raise AssertionError(f"{call}: slot {slot}, the engine's is {want_slot}: a token's slot is its block's id "
+                             "times block_size, plus its offset in the block (position % block_size)")
+
+
 @checker("append_token(block_table, num_tokens, free_blocks, block_size)")
 def check_append_token(append_token):
     """Grow sequences one token at a time beside the engine's BlockManager: same slots, tables, free lists."""
@@ -39,6 +57,8 @@ def check_append_token(append_token):
             expected = (manager.slot(0, num_tokens), manager.block_tables[0], list(manager.free_blocks))
             slot = append_token(table, num_tokens, free, block_size)
             got = (slot, table, list(free))
+            if not same_value(got, expected):
+                _explain_growth(before, num_tokens, block_size, got, expected)
             assert same_value(got, expected), (
                 f"wrong answer\n  call:     {before}\n  expected: slot {expected[0]}, block_table {expected[1]}, "
                 f"free_blocks {expected[2]}\n  got:      slot {got[0]}, block_table {got[1]}, free_blocks {got[2]}")
