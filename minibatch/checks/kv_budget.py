@@ -11,15 +11,15 @@ SHAPES = {
                          head_dim=64),
     "Llama-3-8B": dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32,
                        head_dim=128),
-    "Qwen3-0.6B": dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, num_hidden_layers=28,
-                       head_dim=128),
+    "Gemma-2-2B": dict(hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=26,
+                       head_dim=256),
     "Llama-2-7B": dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=32, num_hidden_layers=32,
                        head_dim=128),
 }
 SITUATIONS = [  # (model, bytes per element, context tokens, KV budget in bytes, block size)
     ("SmolLM2-135M", 2, 4096, 1 << 30, 16), ("SmolLM2-135M", 4, 4096, 1 << 30, 16),
     ("SmolLM2-135M", 2, 1000, 256 << 20, 16), ("Llama-3-8B", 2, 4096, 16 << 30, 16),
-    ("Qwen3-0.6B", 2, 4096, 4 << 30, 32), ("Llama-2-7B", 2, 4096, 16 << 30, 16), ("SmolLM2-135M", 2, 100, 5 << 20, 64),
+    ("Gemma-2-2B", 2, 4096, 4 << 30, 32), ("Llama-2-7B", 2, 4096, 16 << 30, 16), ("SmolLM2-135M", 2, 100, 5 << 20, 64),
 ]
 DTYPES = {4: torch.float32, 2: torch.bfloat16}
 

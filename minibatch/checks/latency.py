@@ -70,15 +70,15 @@ READY_MISTAKES = {
         lambda a, now, m, t: len(a) >= m or now >= a[-1] + t,
         "the timeout bounds how long the OLDEST waiting request waits (arrivals[0]); measured from the newest, "
         "every newcomer restarts the clock, and under a steady trickle of arrivals the batch never starts"),
-    "measures the wait from the newest arrival, as now - arrivals[-1]": (
-        lambda a, now, m, t: len(a) >= m or now - a[-1] >= t,
-        "the timeout bounds how long the OLDEST waiting request waits (arrivals[0]); measured from the newest, "
-        "every newcomer restarts the clock, and under a steady trickle of arrivals the batch never starts"),
     "subtracts before comparing": (
         lambda a, now, m, t: len(a) >= m or now - a[0] >= t,
         "in floating point (a + t) - a can come out a hair below t (try 0.7 + 0.1 - 0.7 >= 0.1): an engine that "
         "wakes at wake_time() finds the batch not ready and sleeps until the same moment again. Compare now "
         "with the deadline computed exactly as wake_time computes it"),
+    "measures the wait from the newest arrival, as now - arrivals[-1]": (
+        lambda a, now, m, t: len(a) >= m or now - a[-1] >= t,
+        "the timeout bounds how long the OLDEST waiting request waits (arrivals[0]); measured from the newest, "
+        "every newcomer restarts the clock, and under a steady trickle of arrivals the batch never starts"),
     "waits strictly longer than the timeout": (
         lambda a, now, m, t: len(a) >= m or now > a[0] + t,
         "the oldest request has waited exactly the timeout: it is due now (>=), and an engine woken at the "
@@ -95,11 +95,11 @@ READY_MISTAKES = {
 def check_batch_timeout(batch_ready, wake_time):
     """Debugging exercise: the learner's timeout rule against the engine's Scheduler, then serving with it."""
     situations = _timeout_situations()
-    for s in situations:
-        got, want = batch_ready(*s), _engine_timeout_rule(*s)[0]
-        for mistake, (wrong, advice) in READY_MISTAKES.items():
-            if got != want and got == wrong(*s):
-                raise AssertionError(f"batch_ready{s} returned {got}: your rule {mistake}: {advice}")
+    answers = [(s, batch_ready(*s), _engine_timeout_rule(*s)[0]) for s in situations]
+    wrong_at = next(((s, got) for s, got, want in answers if got != want), None)
+    for mistake, (wrong, advice) in READY_MISTAKES.items():    # the mistake that explains every answer
+        if wrong_at and all(got == wrong(*s) for s, got, _ in answers):
+            raise AssertionError(f"batch_ready{wrong_at[0]} returned {wrong_at[1]}: your rule {mistake}: {advice}")
     count = check_cases(batch_ready, [Case(s, _engine_timeout_rule(*s)[0]) for s in situations])
     wakes = [([], 0.5)] + [(s[0], s[3]) for s in situations[::3]]
     for arrivals, timeout in wakes:
