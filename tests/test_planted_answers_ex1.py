@@ -34,13 +34,17 @@ def rejected(result_or_call, phrase):
 
 # ---- 01: the knee of tok/s against the batch ------------------------------------------------------------------
 
-def knee_from_two_steps(step_1_s, step_8_s):
-    per_seq = (step_8_s - step_1_s) / 7
-    fixed = step_1_s - per_seq
+def knee_of(fixed, per_seq):
+    """The first batch from which doubling gains less than 1.5x, for steps of fixed + b * per_seq seconds."""
     b = 1
     while b < 512 and 2 * (fixed + per_seq * b) / (fixed + 2 * per_seq * b) >= 1.5:
         b *= 2
     return b
+
+
+def knee_from_two_steps(step_1_s, step_8_s):
+    per_seq = (step_8_s - step_1_s) / 7
+    return knee_of(step_1_s - per_seq, per_seq)
 
 
 def test_knee_reference_passes():
@@ -50,8 +54,8 @@ def test_knee_reference_passes():
 @pytest.mark.parametrize("wrong, phrase", [
     (lambda s1, s8: 1, "too early"),                                                   # a batch costs b steps
     (lambda s1, s8: 512, "too late"),                                                  # batching is free for ever
-    (lambda s1, s8: knee_from_two_steps(s1, s1 + (s8 - s1) * 8 / 7 * 7), "too early"),  # s8 - s1 as one sequence
-    (lambda s1, s8: knee_from_two_steps(s1 - (s8 / 8 - (s8 - s1) / 7), s8), "too early"),  # s8 / 8 per sequence
+    (lambda s1, s8: knee_of(s1 - (s8 - s1), s8 - s1), "too early"),                   # s8 - s1 as one sequence
+    (lambda s1, s8: knee_of(s1 - s8 / 8, s8 / 8), "too early"),                        # s8 / 8 a sequence
     (lambda s1, s8: 32, "too early"),                                                  # the same batch everywhere
 ])
 def test_knee_mistakes_are_caught(wrong, phrase):
