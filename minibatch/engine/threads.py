@@ -12,7 +12,10 @@ many cores other programs kept busy over a fraction of a second, and uses the re
 The default count is torch's at import (OMP_NUM_THREADS where set, else the cores), so setting
 OMP_NUM_THREADS still caps the threads; `EngineConfig(cpu_threads=N)` fixes N and skips the look.
 The choice is made again by each new engine and cached for LOOK_TTL_S, so that building many
-engines in a row does not pay for many looks. torch's count is process-wide; Numba's is per thread
+engines in a row does not pay for many looks. A program that starts after the engine (a load tester,
+a second notebook) takes a core too, so while it runs the engine looks again, between steps, at most
+every FOLLOW_EVERY_S (`ThreadFollower`: two CPU-time readings, no sleep), and follows a new count once
+two looks in a row agree on it. torch's count is process-wide; Numba's is per thread
 (a new thread starts at NUMBA_NUM_THREADS), so a thread that drives an engine built in another one,
 as the server's engine thread does, calls `adopt_threads` first.
 """
@@ -28,6 +31,7 @@ import torch
 
 LOOK_S = 0.25       # how long to watch the other programs' load
 LOOK_TTL_S = 30.0   # a look is reused for this long
+FOLLOW_EVERY_S = 1.0  # a running engine looks again at most this often
 DEFAULT_THREADS = torch.get_num_threads()    # before any engine changed it
 _last_look: tuple[float, float] | None = None  # (monotonic time, busy cores)
 
@@ -80,6 +84,45 @@ def use_threads(cpu_threads: int | None) -> int:
 def adopt_threads(threads: int) -> None:
     """In a thread about to drive an engine: take the engine's count for Numba too (per thread)."""
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds every program has used since boot, all cores together; those of this process)."""
+    mine = psutil.Process().cpu_times()
+    return _busy_seconds(psutil.cpu_times()), mine.user + mine.system
+
+
+class ThreadFollower:
+    """An engine's thread count, kept at the cores other programs leave free while the engine runs.
+
+    `follow()` is called between steps. At most every `every_s` it reads the CPU time of every program and
+    of this one since its last reading; the difference, over the seconds between, is the cores the others
+    kept busy. A count that differs from the engine's is taken once two readings in a row give it, so a
+    burst of a fraction of a second does not make the engine switch back and forth."""
+
+    def __init__(self, threads: int, every_s: float = FOLLOW_EVERY_S, clock=time.monotonic, read=cpu_seconds,
+                 apply=use_threads):
+        self.threads, self.every_s, self.clock, self.read, self.apply = threads, every_s, clock, read, apply
+        self.last = (clock(), *read())              # (time, every program's CPU seconds, this one's)
+        self.pending = None                         # a new count seen once, waiting for a second look
+
+    def follow(self) -> int:
+        """The engine's thread count, changed (torch's and Numba's, in the calling thread) when the others'
+        load has changed it for two looks in a row."""
+        now = self.clock()
+        if now - self.last[0] < self.every_s:
+            return self.threads
+        busy, mine = self.read()
+        others = max(0.0, ((busy - self.last[1]) - (mine - self.last[2])) / (now - self.last[0]))
+        self.last = (now, busy, mine)
+        wanted = free_threads(busy=others)
+        if wanted == self.threads:
+            self.pending = None
+        elif wanted == self.pending:
+            self.threads, self.pending = self.apply(wanted), None
+        else:
+            self.pending = wanted
+        return self.threads
 
 
 def built_apart(make):
