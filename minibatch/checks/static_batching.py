@@ -97,6 +97,37 @@ def _admission_symptom(case: Case, got) -> str | None:
     return None
 
 
+def _serve_static_with(admit_static=None) -> list[tuple]:
+    """(first token time, finish time) per request of a simulated static run of `tiny` (3 slots, a 0.3 s timeout,
+    a small KV pool), with the engine's admission rule or with `admit_static` in its place."""
+    from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest
+
+    llm = LLM(EngineConfig(model="tiny", scheduler="static", clock="simulated", sim_skip_model=True, max_batch_size=3,
+                           batch_timeout_s=0.3, block_size=4, num_kv_blocks=40))
+    sched = llm.engine.scheduler
+    if admit_static is not None:
+        def form_batch(now):
+            queue = list(sched.waiting)
+            ids = admit_static([Queued(r.request_id, r.arrival_time, r.max_total_tokens) for r in queue],
+                               bool(sched.running), now, sched.max_batch_size, sched.batch_timeout_s,
+                               sched.blocks.num_free_blocks, sched.blocks.block_size)
+            assert len(ids) <= len(sched._free_slots), (
+                f"serving a workload with your rule, at {now:.2f} s it admitted {list(ids)} while {len(sched.running)} "
+                f"of {sched.max_batch_size} slots were taken: the batch would hold more sequences than slots")
+            for request_id in ids:
+                request = next(r for r in queue if r.request_id == request_id)
+                sched.admit(request)
+                sched._start_after_prefix(request, [])
+        sched._form_batch = form_batch
+    rng = np.random.default_rng(2)
+    arrivals = np.cumsum(rng.exponential(0.25, 24))                 # about 4 requests a second
+    workload = [WorkloadRequest(float(t), rng.integers(3, 200, int(rng.integers(4, 40))).tolist(),
+                                SamplingParams(max_new_tokens=int(rng.integers(2, 13)), ignore_eos=True))
+                for t in arrivals]                                   # each needs 2 to 13 blocks of 4 tokens
+    llm.run(workload, use_tqdm=False)
+    return [(r.first_token_time, r.finish_time) for r in llm.engine.requests.values()]
+
+
 @checker("admit_static(waiting, batch_running, now, max_batch_size, batch_timeout_s, free_blocks, block_size)",
          debug=True)
 def check_admit_static(admit_static):
@@ -108,7 +139,13 @@ def check_admit_static(admit_static):
             symptom = _admission_symptom(case, got)
             if symptom:
                 raise AssertionError(f"{describe_call(admit_static, case.args, {})}:\n  {symptom}")
-    return check_cases(admit_static, cases)
+    count = check_cases(admit_static, cases)
+    expected, got = _serve_static_with(), _serve_static_with(admit_static)   # the rule inside the engine
+    wrong = [i for i, (e, g) in enumerate(zip(expected, got)) if e != g]
+    assert not wrong, (f"serving 24 requests with your rule in the engine's StaticScheduler (3 slots, "
+                       f"batch_timeout_s=0.3, 40 KV blocks of 4 tokens), request {wrong[0]} got (first token, "
+                       f"finish) at {got[wrong[0]]}; the engine's rule gives {expected[wrong[0]]}")
+    return count + 1
 
 
 def _engine_held_slot_steps(output_lengths, max_batch_size):
