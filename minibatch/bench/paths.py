@@ -33,7 +33,8 @@ def step_name(path: str, batch: int) -> str:
 def compare_paths(prompts: list, batch_sizes=(1, 8), new_tokens: int = 12, rounds: int = 3,
                   model: str = "smollm2-135m") -> tuple[Rounds, list[dict]]:
     """Rounds and one row per (path, batch size) for `prompts` (at least max(batch_sizes) of them)."""
-    llms = {path: LLM(EngineConfig(model=model, kernels=path, max_batch_size=max(batch_sizes))) for path in PATHS}
+    llms = {path: LLM(EngineConfig(model=model, device="cpu", kernels=path, max_batch_size=max(batch_sizes)))
+            for path in PATHS}                    # the fast path is the CPU's: both run there
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     tokens = {}
 

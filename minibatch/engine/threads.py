@@ -3,9 +3,9 @@
 A decode step is a few hundred parallel regions (each matrix product, each compiled kernel), and a
 parallel region ends only when its slowest thread does. With as many threads as cores, one core
 kept busy by another program (a browser tab, a video call, a test suite) makes every region wait
-for the thread that shares that core: measured on a 2-core machine with one core busy, the course
-ran about 20 times slower at 2 threads than at 1. So when an engine starts on a CPU it looks at how
-many cores other programs kept busy over a fraction of a second, and uses the rest:
+for the thread that shares that core, and the whole step runs many times slower than on the free
+cores alone (measurements: docs/performance.md, section "Threads"). So when an engine starts on a
+CPU it looks at how many cores other programs kept busy over a fraction of a second, and uses the rest:
 
     threads = clamp(round(cores - busy cores), 1, the process's default thread count)
 
@@ -132,10 +132,9 @@ def built_apart(make):
     as long as it lives. Loading a model starts parallel regions (large copies, oneDNN's reorders), so
     an engine built in the main thread and driven from another leaves two teams in the process, four
     threads on two cores; OpenMP then stops spinning between regions and puts its workers to sleep, and
-    every region waits for one to wake. Measured with SmolLM2-135M on a 2-core AMD EPYC: decode steps
-    of one sequence 34.6-44.5 ms driven from a thread after a build in the main thread, 21.6-21.9 ms
-    after a build in a thread that ended (its team ends with it), 21.8-24.6 ms built and driven in
-    the main thread."""
+    every region waits for one to wake. Built in a thread that then ends, the engine leaves no second
+    team (it ends with its thread), and its decode steps run as fast as one built and driven in the main
+    thread (docs/performance.md, section "Threads")."""
     made, failed = [], []
 
     def build():
