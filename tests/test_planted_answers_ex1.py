@@ -2,7 +2,6 @@
 the request or the symptom (asserted on a key phrase), and each exercise stub of these chapters is reported
 unsolved; a debugging exercise's stub (the buggy piece) with the symptom its checker points at."""
 
-import ast
 import json
 import math
 from pathlib import Path
@@ -15,13 +14,14 @@ from minibatch.checks import (CheckResult, check_added_ttft, check_admit_static,
 from minibatch.checks.kv_budget import MISTAKES as KV_MISTAKES
 from minibatch.checks.prefix_caching import MISTAKES as PREFIX_MISTAKES
 from minibatch.checks.static_batching import HELD_MISTAKES
+from minibatch.engine.kv import hash_block
+from test_exercises import run_exercise_cell
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def rejected(result_or_call, phrase):
-    """A checker's verdict on a wrong answer: an AssertionError, or (debugging exercises) an unsolved result,
-    whose message holds `phrase`."""
+    """The checker's AssertionError, or (a debugging exercise) its unsolved result, names `phrase`."""
     try:
         result = result_or_call()
     except AssertionError as err:
@@ -47,10 +47,6 @@ def knee_from_two_steps(step_1_s, step_8_s):
     return knee_of(step_1_s - per_seq, per_seq)
 
 
-def test_knee_reference_passes():
-    assert check_knee_prediction(knee_from_two_steps).solved
-
-
 @pytest.mark.parametrize("wrong, phrase", [
     (lambda s1, s8: 1, "too early"),                                                   # a batch costs b steps
     (lambda s1, s8: 512, "too late"),                                                  # batching is free for ever
@@ -65,8 +61,9 @@ def test_knee_mistakes_are_caught(wrong, phrase):
 # ---- 02: the static batcher's admission, and the held slot-steps ------------------------------------------------
 
 def admit(waiting, running, now, size, timeout, free, block_size, *, busy_joins=False, ready=True, skip=False,
-          floor=False):
-    """The right rule, or one of its planted variants."""
+          floor=False, patient=False):
+    """The right rule, or one of its planted variants (patient: waits for a full batch, whatever the timeout)."""
+    timeout = float("inf") if patient else timeout
     if (running and not busy_joins) or not waiting:
         return []
     if ready and not (len(waiting) >= size or now - waiting[0].arrival_time >= timeout or (busy_joins and running)):
@@ -83,23 +80,15 @@ def admit(waiting, running, now, size, timeout, free, block_size, *, busy_joins=
     return admitted
 
 
-def test_admit_reference_passes():
-    assert check_admit_static(admit).solved
-
-
 @pytest.mark.parametrize("options, phrase", [
     ({"busy_joins": True}, "joined while a batch was running"),        # the stub: continuous batching's rule
     ({"ready": False}, "it is not full"),                             # starts whenever someone waits
     ({"skip": True}, "nobody behind it overtakes"),
     ({"floor": True}, "in whole blocks"),
+    ({"patient": True}, "nobody was admitted, but a batch is ready"),
 ])
 def test_admit_mistakes_are_caught(options, phrase):
     rejected(lambda: check_admit_static(lambda *a: admit(*a, **options)), phrase)
-
-
-def test_admit_that_ignores_the_timeout_is_caught():
-    waits_for_full = lambda w, r, now, size, t, free, bs: admit(w, r, now, size, float("inf"), free, bs)  # noqa: E731
-    rejected(lambda: check_admit_static(waits_for_full), "nobody was admitted, but a batch is ready")
 
 
 @pytest.mark.parametrize("mistake", HELD_MISTAKES)
@@ -134,10 +123,6 @@ def join_leave(running, waiting, size, budget, free, block_size, *, together=Fal
     return leaving, joining
 
 
-def test_join_leave_reference_passes():
-    assert check_join_leave(join_leave).solved
-
-
 @pytest.mark.parametrize("options, phrase", [
     ({"together": True}, "did not leave"),                      # the stub: the batch leaves together
     ({"keep_blocks": True}, "the requests that left this step are free for newcomers"),
@@ -159,10 +144,6 @@ def wake(arrivals, timeout):
     return arrivals[0] + timeout if arrivals else None
 
 
-def test_timeout_reference_passes():
-    assert check_batch_timeout(ready, wake).solved
-
-
 @pytest.mark.parametrize("batch_ready, wake_time, phrase", [
     (lambda a, now, m, t: len(a) >= m or now - a[-1] >= t,
      lambda a, t: a[-1] + t if a else None, "from the newest arrival"),                # the stub
@@ -173,10 +154,6 @@ def test_timeout_reference_passes():
 ])
 def test_timeout_mistakes_are_caught(batch_ready, wake_time, phrase):
     rejected(lambda: check_batch_timeout(batch_ready, wake_time), phrase)
-
-
-def test_added_ttft_reference_passes():
-    assert check_added_ttft(lambda rate, t: (t + rate * t * t / 2) / (1 + rate * t)).solved
 
 
 @pytest.mark.parametrize("wrong, phrase", [
@@ -192,49 +169,26 @@ def test_added_ttft_mistakes_are_caught(wrong, phrase):
 # ---- 05: the scheduler that ignores the token budget --------------------------------------------------------
 
 def chunked_scheduler(mistake=None):
-    from minibatch.engine.schedulers import ScheduledSeq, Scheduler, StepPlan
+    """The build exercise's scheduler, or one whose share of the budget is planted wrong."""
+    from learner_pieces import JoinLeaveScheduler
 
-    class Chunked(Scheduler):
-        def schedule(self, now):
-            plan, budget = StepPlan(), self.max_tokens_per_step
-            for request in self.running:
-                tokens = self.tokens_to_compute(request, budget)
-                if mistake == "running take all":
-                    tokens = request.num_tokens - request.num_computed_tokens
-                if tokens == 0:
-                    break
-                self.blocks.allocate(request.request_id, request.num_computed_tokens + tokens)
-                plan.seqs.append(ScheduledSeq(request, tokens))
-                budget -= tokens
-            while self.waiting and len(self.running) < self.max_batch_size and (budget > 0 or mistake == "no stop"):
-                request = self.waiting[0]
-                tokens = self.tokens_to_compute(request, budget)
-                if mistake == "newcomers take all":
-                    tokens = request.num_tokens - request.num_computed_tokens
-                if not self.blocks.can_allocate(request.request_id, tokens):
-                    break
-                self.admit(request)
-                self.blocks.allocate(request.request_id, tokens)
-                plan.seqs.append(ScheduledSeq(request, tokens))
-                budget -= 0 if mistake == "budget kept" else tokens
-            return plan
-
-        def finish(self, request):
-            super().finish(request)
-            self.leave(request)
+    class Chunked(JoinLeaveScheduler):
+        def tokens_to_compute(self, request, budget):
+            left = request.num_tokens - request.num_computed_tokens
+            if (mistake == "newcomers take all" and request in self.waiting
+                    or mistake == "running take all" and request in self.running):
+                return left
+            if mistake == "newcomers see the whole budget" and request in self.waiting:
+                return super().tokens_to_compute(request, self.max_tokens_per_step)
+            return super().tokens_to_compute(request, budget)
 
     return Chunked
-
-
-def test_budget_scheduler_reference_passes():
-    assert check_budget_scheduler(chunked_scheduler()).solved
 
 
 @pytest.mark.parametrize("mistake, phrase", [
     ("newcomers take all", "more than max_tokens_per_step=16"),          # the stub
     ("running take all", "more than max_tokens_per_step=16"),
-    ("budget kept", "more than max_tokens_per_step"),
-    ("no stop", "computes 0 tokens"),
+    ("newcomers see the whole budget", "more than max_tokens_per_step"),
 ])
 def test_budget_scheduler_mistakes_are_caught(mistake, phrase):
     rejected(lambda: check_budget_scheduler(chunked_scheduler(mistake)), phrase)
@@ -242,14 +196,10 @@ def test_budget_scheduler_mistakes_are_caught(mistake, phrase):
 
 # ---- 06: the KV bytes of a long context, and the batch a budget admits; a growing block table ---------------
 
-def predict_kv(config, size, tokens, budget, block_size):
+def predict_kv(config, size, tokens, budget, block_size, *, by_tokens=False):
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * size
     context = -(-tokens // block_size) * block_size * per_token
-    return context, budget // context
-
-
-def test_kv_reference_passes():
-    assert check_kv_prediction(predict_kv).solved
+    return context, budget // (per_token * tokens if by_tokens else context)
 
 
 @pytest.mark.parametrize("mistake", KV_MISTAKES)
@@ -259,10 +209,7 @@ def test_kv_mistakes_are_named(mistake):
 
 
 def test_kv_batch_without_whole_blocks_is_caught():
-    def by_tokens(config, size, tokens, budget, block_size):
-        per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * size
-        return predict_kv(config, size, tokens, budget, block_size)[0], budget // (per_token * tokens)
-    rejected(lambda: check_kv_prediction(by_tokens), "each sequence needs whole blocks of its own")
+    rejected(lambda: check_kv_prediction(lambda *a: predict_kv(*a, by_tokens=True)), "needs whole blocks of its own")
 
 
 def append(table, num_tokens, free, block_size, *, back=False, every=False, offset=True):
@@ -278,15 +225,12 @@ def append(table, num_tokens, free, block_size, *, back=False, every=False, offs
     ({"offset": False}, "plus its offset in the block"),
 ])
 def test_append_token_mistakes_are_caught(options, phrase):
-    assert check_append_token(append).solved
     rejected(lambda: check_append_token(lambda *a: append(*a, **options)), phrase)
 
 
 # ---- 07: the prefix lookup ----------------------------------------------------------------------------------
 
 def block_hashes(token_ids, block_size):
-    from minibatch.engine.kv import hash_block
-
     hashes, parent = [], b""
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash_block(parent, token_ids[start:start + block_size])
@@ -303,10 +247,6 @@ def cached_tokens(token_ids, block_size, cached, *, last=False, blocks=False, al
     return found
 
 
-def test_prefix_reference_passes():
-    assert check_prefix_hits(block_hashes, cached_tokens).solved
-
-
 @pytest.mark.parametrize("mistake", PREFIX_MISTAKES)
 def test_prefix_hash_mistakes_are_named(mistake):
     rejected(lambda: check_prefix_hits(PREFIX_MISTAKES[mistake], cached_tokens), mistake)
@@ -321,7 +261,7 @@ def test_prefix_lookup_mistakes_are_caught(options, phrase):
     rejected(lambda: check_prefix_hits(block_hashes, lambda *a: cached_tokens(*a, **options)), phrase)
 
 
-# ---- every stub of chapters 01-07 is unsolved; a buggy stub shows its symptom ---------------------------------
+# ---- the references pass; every stub is unsolved, a buggy one with its symptom --------------------------------
 
 BUGGY_STUBS = {("02_static_batching", 2): "joined while a batch was running",
                ("03_continuous_batching", 1): "did not leave",
@@ -333,13 +273,15 @@ STUBS = [(path.stem, i) for path in sorted((ROOT / "exercises").glob("0[1-7]_*.i
          if "exercise" in cell.get("metadata", {}).get("tags", [])]
 
 
-def run_cell(source: str) -> CheckResult:
-    """Run an exercise cell in a fresh namespace; its last expression, else its `result`."""
-    tree = ast.parse(source)
-    last = tree.body.pop() if isinstance(tree.body[-1], ast.Expr) else None
-    namespace = {"__name__": "__main__"}
-    exec(compile(tree, "<stub>", "exec"), namespace)
-    return eval(compile(ast.Expression(last.value), "<stub>", "eval"), namespace) if last else namespace["result"]
+@pytest.mark.parametrize("check, answer", [
+    (check_knee_prediction, (knee_from_two_steps,)), (check_admit_static, (admit,)), (check_join_leave, (join_leave,)),
+    (check_batch_timeout, (ready, wake)),
+    (check_added_ttft, (lambda rate, t: (t + rate * t * t / 2) / (1 + rate * t),)),
+    (check_budget_scheduler, (chunked_scheduler(),)), (check_kv_prediction, (predict_kv,)),
+    (check_append_token, (append,)), (check_prefix_hits, (block_hashes, cached_tokens)),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_reference_passes(check, answer):
+    assert check(*answer).solved
 
 
 def test_every_debugging_exercise_is_listed():
@@ -353,6 +295,6 @@ def test_every_debugging_exercise_is_listed():
 @pytest.mark.parametrize("name, index", STUBS, ids=[f"{n}-cell{i}" for n, i in STUBS])
 def test_stub_is_reported_unsolved(name, index):
     cell = json.loads((ROOT / "exercises" / f"{name}.ipynb").read_text())["cells"][index]
-    result = run_cell("".join(cell["source"]))
+    result = run_exercise_cell("".join(cell["source"]), f"exercises/{name}.ipynb, cell {index}")
     assert isinstance(result, CheckResult) and not result.solved
     assert BUGGY_STUBS.get((name, index), "not solved yet. Replace") in result.message
