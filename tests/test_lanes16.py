@@ -12,6 +12,7 @@ from numba import njit
 
 from minibatch.engine.kernels.bfloat16 import host_view
 from minibatch.engine.kernels.lanes import LANES, lane
+from minibatch.engine.kernels.codes16 import bytes16, halves16, nibbles16, signed16, splat16, store16
 from minibatch.engine.kernels.lanes16 import LANES16, WIDE, fma16, fold16, load16, zero16
 
 
@@ -98,3 +99,29 @@ def test_numba_compiles_without_the_narrow_vector_preference_on_avx512_only():
 def test_a_numba_cpu_features_set_by_the_user_is_left_alone():
     seen = _target(dict(os.environ, NUMBA_CPU_FEATURES="+avx2,+fma"))
     assert seen == {"features": "+avx2,+fma", "wide": False, "sixteen_lanes": False}
+
+
+@njit
+def _codes(unsigned, signed, halves, i, j):
+    """bytes16, nibbles16, signed16 and halves16 of row i from column j, then splat16(2.5) times the first, as rows."""
+    out = np.zeros((5, LANES16), np.float32)
+    store16(out, 0, 0, bytes16(unsigned, i, j))
+    store16(out, 1, 0, nibbles16(unsigned, i, j))
+    store16(out, 2, 0, signed16(signed, i, j))
+    store16(out, 3, 0, halves16(halves, i, j))
+    store16(out, 4, 0, fma16(splat16(2.5), bytes16(unsigned, i, j), zero16()))
+    return out
+
+
+def test_codes_and_fp16_bits_become_sixteen_exact_float_lanes():
+    unsigned = np.arange(512, dtype=np.int64).reshape(2, 256).astype(np.uint8)          # every byte value
+    signed = unsigned.view(np.int8)
+    halves = np.random.default_rng(0).integers(0, 0x7C00, (2, 256)).astype(np.uint16)  # finite, subnormals too
+    halves[1, 16:20] = [1, 0x3FF, 0x8001, 0x8000]                                       # 2^-24, 1023 2^-24, -2^-24, -0
+    for j in range(0, 256 - LANES16 + 1, 16):
+        out = _codes(unsigned, signed, halves, 1, j)
+        np.testing.assert_array_equal(out[0], unsigned[1, j:j + 16].astype(np.float32))
+        np.testing.assert_array_equal(out[1], (unsigned[1, j:j + 16] & 15).astype(np.float32))
+        np.testing.assert_array_equal(out[2], signed[1, j:j + 16].astype(np.float32))
+        np.testing.assert_array_equal(out[3], halves[1, j:j + 16].view(np.float16).astype(np.float32))
+        np.testing.assert_array_equal(out[4], 2.5 * unsigned[1, j:j + 16].astype(np.float32))

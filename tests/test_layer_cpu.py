@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from minibatch import LLM, EngineConfig, SamplingParams
-from minibatch.engine.kernels import (bfloat16, fused_cpu, gemv_blocks_cpu, gemv_cpu, lanes, lanes16, layer_cpu,
-                                     numba_cpu, quantized_groups_numba, quantized_numba)
+from minibatch.engine.kernels import (bfloat16, codes16, fused_cpu, gemv_blocks_cpu, gemv_cpu, lanes, lanes16,
+                                     layer_cpu, numba_cpu, quantized_groups_numba, quantized_numba)
 from minibatch.engine.ops.crossover import STREAM_ROWS
 from minibatch.engine.kernels.stale_cache import digest, forget_stale
 
@@ -117,8 +117,9 @@ def test_a_changed_kernel_file_drops_the_cached_layer(tmp_path, monkeypatch):
     (numba_cpu._paged_attention, (bfloat16, lanes)), (numba_cpu._write_kv, (bfloat16, lanes)),
     (fused_cpu._rms_norm, (bfloat16, lanes)), (fused_cpu._rotary_write_kv, (bfloat16, lanes)),
     (fused_cpu._silu_mul, (bfloat16, lanes)),
-    (quantized_numba._q4_1_into, (quantized_groups_numba,)),
-    (quantized_numba._q8_0_many_into, (quantized_groups_numba,)),
+    (quantized_numba._q4_1_into, (codes16, lanes, lanes16, quantized_groups_numba)),
+    (quantized_numba._q8_0_many_into, (codes16, lanes, lanes16, quantized_groups_numba)),
+    (quantized_groups_numba._q4_1_lanes_into, (codes16, lanes, lanes16)),
 ])
 def test_each_cached_kernel_keeps_a_stamp_of_the_files_it_compiles_in(kernel, callees):
     module = kernel.py_func.__module__.rsplit(".", 1)[-1]

@@ -89,6 +89,27 @@ def test_row_groups_are_the_same_bytes_interleaved_with_zero_padding():
     assert not grouped[1, :, :, 6:].any() and not group_scales[1, :, 6:].any()   # rows 70..127: padding
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
+def test_both_few_rows_kernels_match_the_reference_residual_and_padding_included(fmt, rows):
+    """The plain loop and the sixteen-lane kernel (which one runs depends on the CPU) on 70 rows: a group and
+    6 rows of the next, the rest padding that must not be written."""
+    weight = QUANTIZE[fmt](random_weight(70, 96, 7))
+    grouped = quantized_numba.host_arrays(weight.codes, weight.scales, *(() if weight.mins is None else (weight.mins,)))
+    grouped = grouped[len(grouped) // 2:]                                       # the row-group layout
+    rng = np.random.default_rng(rows)                                            # x (T, K), residual (T, N)
+    x, residual = rng.standard_normal((rows, 96), np.float32), rng.standard_normal((rows, 70), np.float32)
+    expected = torch.from_numpy(x) @ weight.dequantize().T                      # (T, N)
+    for kind in ("few", "lanes"):
+        kernel = getattr(quantized_groups_numba, f"_{fmt}_{kind}_into")
+        out, added = np.full((rows, 70), np.nan, np.float32), np.full((rows, 70), np.nan, np.float32)
+        kernel(x, *grouped, out, False, out)
+        kernel(x, *grouped, residual, True, added)
+        torch.testing.assert_close(torch.from_numpy(out), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.from_numpy(added), expected + torch.from_numpy(residual), rtol=1e-5,
+                                   atol=1e-5)
+
+
 @pytest.mark.parametrize("rows", [1, 8])
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
 def test_rows_of_a_batch_do_not_see_each_other_and_add_to_adds(fmt, rows):

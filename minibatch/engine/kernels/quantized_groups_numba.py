@@ -20,6 +20,11 @@ the time of the row-by-row kernels.
 Each thread takes whole row groups (`prange` over groups), so no two threads write the same output.
 `_halves_to_float`, which turns fp16 scales and minimums into fp32, serves the row-by-row kernels too.
 
+Where the compiled code has 512-bit registers (`lanes16.WIDE`), `_q8_0_lanes_into` and `_q4_1_lanes_into`
+run the same sums with the group's 64 running sums held in four `float32x16` registers (`codes16`):
+a plain loop keeps them in memory and loads and stores all of them for every byte position j, and
+converts the scales one by one; in registers the loop is loads, conversions and multiply-adds only.
+
 Shapes: x (T, K) with T from 1 to 3, the weight's N rows in groups of ROW_GROUP, out (T, N).
 Measurements: docs/performance.md, section "Quantised products".
 """
@@ -28,7 +33,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-ROW_GROUP = 64      # rows of a weight interleaved together
+from minibatch.engine.kernels.codes16 import bytes16, halves16, nibbles16, signed16, splat16, store16
+from minibatch.engine.kernels import codes16, lanes, lanes16
+from minibatch.engine.kernels.lanes16 import LANES16, fma16, zero16
+from minibatch.engine.kernels.stale_cache import forget_stale
+
+ROW_GROUP = 64      # rows of a weight interleaved together: four registers of sixteen lanes
 
 
 @njit(inline="always")
@@ -111,6 +121,96 @@ def _q4_1_few_into(x, grouped, group_scales, group_mins, residual, add_residual,
         _write_group(acc, g, residual, add_residual, out)
 
 
+@njit(inline="always", fastmath=True)
+def _q4_1_x_parts(x, num_blocks, half):
+    """What q4_1's sums multiply, for x (T, K): x_low, x_high_16th (T, K/2) as above, block_sums (T, K/32)."""
+    rows = x.shape[0]
+    x_low = np.empty((rows, num_blocks * half), np.float32)
+    x_high_16th = np.empty((rows, num_blocks * half), np.float32)
+    block_sums = np.empty((rows, num_blocks), np.float32)
+    for t in range(rows):
+        for b in range(num_blocks):
+            total = np.float32(0.0)
+            for k in range(b * 2 * half, (b + 1) * 2 * half):
+                total += x[t, k]
+            block_sums[t, b] = total
+            for j in range(half):
+                high = x[t, b * 2 * half + half + j] * np.float32(0.0625)
+                x_high_16th[t, b * half + j] = high
+                x_low[t, b * half + j] = x[t, b * 2 * half + j] - high
+    return x_low, x_high_16th, block_sums
+
+
+@njit(inline="always")
+def _write_lanes(s0, s1, s2, s3, t, g, residual, add_residual, out):
+    """out[t, g R : (g + 1) R] = the four registers' 64 sums (+ residual), leaving out padding rows past N."""
+    acc = np.empty((1, ROW_GROUP), np.float32)
+    store16(acc, 0, 0, s0)
+    store16(acc, 0, LANES16, s1)
+    store16(acc, 0, 2 * LANES16, s2)
+    store16(acc, 0, 3 * LANES16, s3)
+    for r in range(min(ROW_GROUP, out.shape[1] - g * ROW_GROUP)):
+        n = g * ROW_GROUP + r
+        out[t, n] = acc[0, r] + residual[t, n] if add_residual else acc[0, r]
+
+
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+def _q8_0_lanes_into(x, grouped, group_scales, residual, add_residual, out):
+    """`_q8_0_few_into` with the sums in registers: each x row in turn over the group's blocks (still in cache)."""
+    num_groups, num_blocks, block, _ = grouped.shape         # grouped (G, K/32, 32, 64) int8
+    codes = grouped.reshape(num_groups * num_blocks * block, ROW_GROUP)      # row (g, b, j): byte j of 64 blocks
+    scales = group_scales.reshape(num_groups * num_blocks, ROW_GROUP)       # row (g, b): the 64 rows' scales
+    for g in prange(num_groups):
+        for t in range(x.shape[0]):
+            s0, s1, s2, s3 = zero16(), zero16(), zero16(), zero16()          # the 64 rows' sums
+            for b in range(num_blocks):
+                d0, d1, d2, d3 = zero16(), zero16(), zero16(), zero16()      # q . x over block b
+                row = (g * num_blocks + b) * block
+                for j in range(block):
+                    x_j = splat16(x[t, b * block + j])
+                    d0 = fma16(signed16(codes, row + j, 0), x_j, d0)
+                    d1 = fma16(signed16(codes, row + j, LANES16), x_j, d1)
+                    d2 = fma16(signed16(codes, row + j, 2 * LANES16), x_j, d2)
+                    d3 = fma16(signed16(codes, row + j, 3 * LANES16), x_j, d3)
+                k = g * num_blocks + b
+                s0 = fma16(halves16(scales, k, 0), d0, s0)
+                s1 = fma16(halves16(scales, k, LANES16), d1, s1)
+                s2 = fma16(halves16(scales, k, 2 * LANES16), d2, s2)
+                s3 = fma16(halves16(scales, k, 3 * LANES16), d3, s3)
+            _write_lanes(s0, s1, s2, s3, t, g, residual, add_residual, out)
+
+
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
+def _q4_1_lanes_into(x, grouped, group_scales, group_mins, residual, add_residual, out):
+    """`_q4_1_few_into` with the sums in registers: each x row in turn over the group's blocks (still in cache)."""
+    num_groups, num_blocks, half, _ = grouped.shape          # grouped (G, K/32, 16, 64) uint8
+    x_low, x_high_16th, block_sums = _q4_1_x_parts(x, num_blocks, half)   # (T, K/2), (T, K/2), (T, K/32)
+    codes = grouped.reshape(num_groups * num_blocks * half, ROW_GROUP)    # row (g, b, j): byte j of 64 blocks
+    scales = group_scales.reshape(num_groups * num_blocks, ROW_GROUP)    # row (g, b): the 64 rows' d
+    mins = group_mins.reshape(num_groups * num_blocks, ROW_GROUP)        # and their m
+    for g in prange(num_groups):
+        for t in range(x.shape[0]):
+            s0, s1, s2, s3 = zero16(), zero16(), zero16(), zero16()          # the 64 rows' sums
+            for b in range(num_blocks):
+                d0, d1, d2, d3 = zero16(), zero16(), zero16(), zero16()      # q . x over block b
+                row = (g * num_blocks + b) * half
+                for j in range(half):                         # low x_j + high x_j+16, high = (byte - low) / 16
+                    low, high = splat16(x_low[t, b * half + j]), splat16(x_high_16th[t, b * half + j])
+                    d0 = fma16(bytes16(codes, row + j, 0), high, fma16(nibbles16(codes, row + j, 0), low, d0))
+                    d1 = fma16(bytes16(codes, row + j, LANES16), high,
+                               fma16(nibbles16(codes, row + j, LANES16), low, d1))
+                    d2 = fma16(bytes16(codes, row + j, 2 * LANES16), high,
+                               fma16(nibbles16(codes, row + j, 2 * LANES16), low, d2))
+                    d3 = fma16(bytes16(codes, row + j, 3 * LANES16), high,
+                               fma16(nibbles16(codes, row + j, 3 * LANES16), low, d3))
+                k, total = g * num_blocks + b, splat16(block_sums[t, b])    # d (q . x) + m (sum of x)
+                s0 = fma16(halves16(scales, k, 0), d0, fma16(halves16(mins, k, 0), total, s0))
+                s1 = fma16(halves16(scales, k, LANES16), d1, fma16(halves16(mins, k, LANES16), total, s1))
+                s2 = fma16(halves16(scales, k, 2 * LANES16), d2, fma16(halves16(mins, k, 2 * LANES16), total, s2))
+                s3 = fma16(halves16(scales, k, 3 * LANES16), d3, fma16(halves16(mins, k, 3 * LANES16), total, s3))
+            _write_lanes(s0, s1, s2, s3, t, g, residual, add_residual, out)
+
+
 def group_blocks(codes: np.ndarray, *per_block: np.ndarray) -> tuple:
     """A weight's blocks interleaved by groups of ROW_GROUP rows, for the few-rows kernels: codes (N, K/32 * B)
     -> grouped (G, K/32, B, R), where grouped[g, b, j, r] is byte j of block b of row g R + r; each of
@@ -122,3 +222,7 @@ def group_blocks(codes: np.ndarray, *per_block: np.ndarray) -> tuple:
     grouped = padded(codes).reshape(groups, ROW_GROUP, num_blocks, -1).transpose(0, 2, 3, 1)
     by_group = lambda a: padded(a).reshape(groups, ROW_GROUP, num_blocks).transpose(0, 2, 1)
     return tuple(np.ascontiguousarray(a) for a in (grouped, *map(by_group, per_block)))
+
+
+for _kernel in (_q8_0_lanes_into, _q4_1_lanes_into):
+    forget_stale(_kernel, (codes16, lanes, lanes16))                # the files whose functions they compile in

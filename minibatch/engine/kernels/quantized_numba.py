@@ -12,7 +12,8 @@ Each format has two kernels, on two orders of the same bytes (`host_arrays` make
   times). A step of 8 sequences reads the same bytes from memory as a step of 1, and a prefill
   chunk's q4_1 products run as fast as oneDNN's float32 ones.
 - **A few rows** (1 to FEW_ROWS rows: a decode step of one or two users) run on a second copy of
-  the blocks with rows interleaved, in `quantized_groups_numba`, which says why.
+  the blocks with rows interleaved, in `quantized_groups_numba`, which says why (with the sums in
+  sixteen-lane registers where the CPU has AVX-512, `lanes16.WIDE`).
 
 Work is split over chunks of output rows with `prange`, so no two threads write the same output;
 `_q8_0_into` and `_q4_1_into` pick the kernel by the number of rows and write into a given output,
@@ -22,7 +23,7 @@ minimums are fp16, which Numba cannot load, so their bits are turned into fp32 f
 sums into SIMD lanes, so results match the reference to rounding, not bit for bit. The block length
 is passed in rather than written as the constant 32: a loop of unknown length gets vectorised,
 while a constant one is unrolled into scalar code. Compiled code is cached on disk (`cache=True`; compiled again
-when `quantized_groups_numba` changes, `kernels.stale_cache`).
+when a file they compile in changes, `kernels.stale_cache`).
 
 Shapes: x (T, K) float32, a weight of N rows by K columns in blocks of 32 along each row, out and
 residual (T, N). Measurements: docs/performance.md, section "Quantised products".
@@ -33,11 +34,14 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from minibatch.engine.kernels import quantized_groups_numba
+from minibatch.engine.kernels import codes16, lanes, lanes16, quantized_groups_numba
+from minibatch.engine.kernels.lanes16 import WIDE
 from minibatch.engine.kernels.quantized_groups_numba import (
     _halves_to_float,
     _q4_1_few_into,
+    _q4_1_lanes_into,
     _q8_0_few_into,
+    _q8_0_lanes_into,
     group_blocks,
 )
 from minibatch.engine.kernels.stale_cache import forget_stale
@@ -136,7 +140,9 @@ def _q8_0_many_into(x, codes, scales, block, residual, add_residual, out):
 @njit(nogil=True, cache=True)
 def _q8_0_into(x, codes, scales, block, grouped, group_scales, residual, add_residual, out):
     """out (T, N) = x (T, K) times the q8_0 weight (+ residual): interleaved groups for a few rows, else row by row."""
-    if x.shape[0] <= FEW_ROWS:
+    if x.shape[0] <= FEW_ROWS and WIDE:
+        _q8_0_lanes_into(x, grouped, group_scales, residual, add_residual, out)
+    elif x.shape[0] <= FEW_ROWS:
         _q8_0_few_into(x, grouped, group_scales, residual, add_residual, out)
     else:
         _q8_0_many_into(x, codes, scales, block, residual, add_residual, out)
@@ -174,7 +180,9 @@ def _q4_1_many_into(x, codes, scales, mins, block, residual, add_residual, out):
 @njit(nogil=True, cache=True)
 def _q4_1_into(x, codes, scales, mins, block, grouped, group_scales, group_mins, residual, add_residual, out):
     """out (T, N) = x (T, K) times the q4_1 weight (+ residual): interleaved groups for a few rows, else row by row."""
-    if x.shape[0] <= FEW_ROWS:
+    if x.shape[0] <= FEW_ROWS and WIDE:
+        _q4_1_lanes_into(x, grouped, group_scales, group_mins, residual, add_residual, out)
+    elif x.shape[0] <= FEW_ROWS:
         _q4_1_few_into(x, grouped, group_scales, group_mins, residual, add_residual, out)
     else:
         _q4_1_many_into(x, codes, scales, mins, block, residual, add_residual, out)
@@ -220,4 +228,4 @@ def q4_1_matmul(x: torch.Tensor, codes: np.ndarray, scales: np.ndarray, mins: np
 
 
 for _kernel in (_q8_0_many_into, _q8_0_into, _q8_0_matmul, _q4_1_many_into, _q4_1_into, _q4_1_matmul):
-    forget_stale(_kernel, (quantized_groups_numba,))                # the file whose kernels they compile in
+    forget_stale(_kernel, (codes16, lanes, lanes16, quantized_groups_numba))   # the files they compile in
