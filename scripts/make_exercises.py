@@ -13,7 +13,13 @@ How to write an exercise in solutions/NN_topic.ipynb (the source of truth):
 
 In exercises/NN_topic.ipynb each region, markers included, becomes
 `raise NotImplementedError("Exercise: write this part")` at the indentation of its BEGIN line, and
-every output and execution count is dropped. tests/test_exercises.py checks that exercises/ is up
+every output and execution count is dropped.
+
+A debugging exercise hands the learner code to fix instead of a blank: right after the solution
+region (its END line) comes a `### BEGIN STUB` ... `### END STUB` region whose lines are the buggy
+code commented out with `# ` (so the solution notebook runs the fixed code only). In the exercise the
+solution region becomes those lines, uncommented; the stub region itself disappears. Its checker
+reports the buggy code as not solved (`raise NotSolved(symptom)`, see minibatch/checks/core.py). tests/test_exercises.py checks that exercises/ is up
 to date, that every solution is solved and that every stub is reported unsolved.
 
 Usage: python scripts/make_exercises.py [--check] [--solutions DIR] [--exercises DIR]
@@ -28,31 +34,57 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TAG = "exercise"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_STUB, END_STUB = "### BEGIN STUB", "### END STUB"
 STUB = 'raise NotImplementedError("Exercise: write this part")'
 
 
 def stub_source(source: str, where: str) -> str:
-    """Replace each BEGIN..END region of a cell's source with an indented STUB line."""
-    out, indent = [], None  # indent is None outside a region
+    """Replace each BEGIN..END region of a cell's source with an indented STUB line, or with the
+    uncommented lines of the BEGIN STUB..END STUB region that follows it."""
+    out, indent, state = [], None, "code"  # indent: of the last BEGIN line; state: code, solution, after, stub
     for lineno, line in enumerate(source.splitlines(keepends=True), start=1):
         marker = line.strip()
-        if marker.startswith(BEGIN):
-            if indent is not None:
-                raise ValueError(f"{where}, line {lineno}: {BEGIN!r} inside another region")
-            indent = line[: len(line) - len(line.lstrip())]
+        if state == "after" and not marker.startswith(BEGIN_STUB):
             out.append(f"{indent}{STUB}\n")
+            state = "code"
+        if marker.startswith(BEGIN_STUB):
+            if state != "after":
+                raise ValueError(f"{where}, line {lineno}: {BEGIN_STUB!r} must follow an {END!r} line")
+            state = "stub"
+        elif marker.startswith(END_STUB):
+            if state != "stub":
+                raise ValueError(f"{where}, line {lineno}: {END_STUB!r} without a {BEGIN_STUB!r} before it")
+            state = "code"
+        elif marker.startswith(BEGIN):
+            if state == "solution":
+                raise ValueError(f"{where}, line {lineno}: {BEGIN!r} inside another region")
+            indent, state = line[: len(line) - len(line.lstrip())], "solution"
         elif marker.startswith(END):
-            if indent is None:
+            if state != "solution":
                 raise ValueError(f"{where}, line {lineno}: {END!r} without a {BEGIN!r} before it")
-            indent = None
-        elif BEGIN in line or END in line:
+            state = "after"
+        elif any(m in line for m in (BEGIN, END, BEGIN_STUB, END_STUB)):
             raise ValueError(f"{where}, line {lineno}: a solution marker must stand on a line of its own")
-        elif indent is None:
+        elif state == "stub":
+            out.append(_uncomment(line, indent, f"{where}, line {lineno}"))
+        elif state == "code":
             out.append(line)
-    if indent is not None:
-        raise ValueError(f"{where}: {BEGIN!r} without a matching {END!r}")
+    if state == "after":
+        out.append(f"{indent}{STUB}\n")
+    elif state != "code":
+        raise ValueError(f"{where}: {BEGIN!r} or {BEGIN_STUB!r} without a matching end")
     text = "".join(out)
     return text if source.endswith("\n") else text.rstrip("\n")
+
+
+def _uncomment(line: str, indent: str, where: str) -> str:
+    """A stub region's line without its `# `: blank lines stay blank."""
+    if not line.strip():
+        return line
+    if not line.startswith(indent + "#"):
+        raise ValueError(f"{where}: a stub line must be commented out with '# ' at the region's indentation")
+    body = line[len(indent) + 1:]
+    return indent + body[1:] if body.strip() else body
 
 
 def make_exercise(notebook: dict, name: str) -> dict:

@@ -78,7 +78,8 @@ def test_solution_is_solved(name, index):
 def test_stub_is_unsolved(name, index):
     stubs = exercise_cells(ROOT / "exercises" / name)
     assert index in stubs, f"exercises/{name} has no exercise cell {index}: run `make exercises`"
-    assert STUB in stubs[index], f"exercises/{name}, cell {index} holds no stub"
+    debugging = "### BEGIN STUB" in exercise_cells(ROOT / "solutions" / name)[index]  # the stub is the buggy code
+    assert debugging or STUB in stubs[index], f"exercises/{name}, cell {index} holds no stub"
     assert_unsolved(stubs[index], f"exercises/{name}, cell {index}")
 
 
@@ -158,6 +159,32 @@ def test_demo_stub_reported_solved_fails():
         assert_unsolved(lenient.replace(SOLVED_BODY, f"    {STUB}\n"), "lenient checker")
 
 
+BUGGY = SOLVED_BODY + """\
+    ### BEGIN STUB
+    # block = block_table[position // block_size]
+    #
+    # return block * block_size + position
+    ### END STUB
+"""
+
+
+def test_demo_stub_region_becomes_the_exercise_code(tmp_path):
+    notebook = nbformat.v4.new_notebook()
+    source = CHECKER + "\ndef slot_of(block_table, position, block_size):\n" + BUGGY + "\nresult = check_slot_of(slot_of)"
+    notebook.cells = [nbformat.v4.new_code_cell(source, metadata={"tags": ["exercise"]})]
+    (tmp_path / "solutions").mkdir()
+    nbformat.write(notebook, tmp_path / "solutions" / "99_debug.ipynb")
+    folders = ("--solutions", str(tmp_path / "solutions"), "--exercises", str(tmp_path / "exercises"))
+    assert make_exercises(*folders).returncode == 0
+    stub = exercise_cells(tmp_path / "exercises" / "99_debug.ipynb")[0]
+    assert ("block_size):\n    block = block_table[position // block_size]\n\n    return block * block_size + position\n"
+            "\nresult = check_slot_of") in stub
+    assert "STUB" not in stub and STUB not in stub and "# block" not in stub
+    assert_solved(source, "debug solution")
+    with pytest.raises(AssertionError, match="wrong answer"):         # the buggy code runs and is caught
+        run_exercise_cell(stub, "debug stub")
+
+
 def test_demo_check_mode_finds_stale_files(course):
     root, folders = course
     solution = root / "solutions" / "99_demo.ipynb"
@@ -175,6 +202,9 @@ def test_demo_check_mode_finds_stale_files(course):
     ("def f():\n    ### BEGIN SOLUTION\n    return 1\n", ["exercise"], "without a matching"),
     ("def f():\n    return 1\n    ### END SOLUTION\n", ["exercise"], "without a '### BEGIN SOLUTION'"),
     ("def f():\n    return 1  ### BEGIN SOLUTION\n", ["exercise"], "on a line of its own"),
+    ("def f():\n    ### BEGIN STUB\n    # return 2\n    ### END STUB\n", ["exercise"], "must follow an"),
+    ("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n    ### BEGIN STUB\n    return 2\n"
+     "    ### END STUB\n", ["exercise"], "commented out"),
 ])
 def test_bad_markers_are_reported(tmp_path, source, tags, error):
     notebook = nbformat.v4.new_notebook()

@@ -24,6 +24,11 @@ class Case:
     kwargs: dict = field(default_factory=dict)  # keyword arguments, if any
 
 
+class NotSolved(NotImplementedError):
+    """Raised by a checker when the answer still shows the exercise's planted symptom (a debugging
+    exercise's buggy code, as handed out): reported as "not solved yet" with the symptom, not as an error."""
+
+
 def checker(title: str) -> Callable:
     """Decorator turning a checking function into a learner-facing checker named `title`."""
 
@@ -32,6 +37,10 @@ def checker(title: str) -> Callable:
         def run(*answers, **options) -> CheckResult:
             try:
                 cases = body(*answers, **options)
+            except NotSolved as err:
+                message = f"{title}: not solved yet: {err}"
+                print("○ " + message)
+                return CheckResult(False, message)
             except NotImplementedError:
                 message = (f"{title}: not solved yet. Replace `raise NotImplementedError(...)` "
                            "with your code and run the cell again.")
