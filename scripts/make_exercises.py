@@ -84,7 +84,7 @@ def _uncomment(line: str, indent: str, where: str) -> str:
     if not line.startswith(indent + "#"):
         raise ValueError(f"{where}: a stub line must be commented out with '# ' at the region's indentation")
     body = line[len(indent) + 1:]
-    return indent + body[1:] if body.strip() else body
+    return (indent + (body[1:] if body.startswith(" ") else body)) if body.strip() else body
 
 
 def make_exercise(notebook: dict, name: str) -> dict:

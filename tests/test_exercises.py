@@ -202,7 +202,8 @@ def test_demo_check_mode_finds_stale_files(course):
     ("def f():\n    ### BEGIN SOLUTION\n    return 1\n", ["exercise"], "without a matching"),
     ("def f():\n    return 1\n    ### END SOLUTION\n", ["exercise"], "without a '### BEGIN SOLUTION'"),
     ("def f():\n    return 1  ### BEGIN SOLUTION\n", ["exercise"], "on a line of its own"),
-    ("def f():\n    ### BEGIN STUB\n    # return 2\n    ### END STUB\n", ["exercise"], "must follow an"),
+    ("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n    x = 1\n    ### BEGIN STUB\n"
+     "    # return 2\n    ### END STUB\n", ["exercise"], "must follow an"),
     ("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n    ### BEGIN STUB\n    return 2\n"
      "    ### END STUB\n", ["exercise"], "commented out"),
 ])
