@@ -19,8 +19,10 @@ A debugging exercise hands the learner code to fix instead of a blank: right aft
 region (its END line) comes a `### BEGIN STUB` ... `### END STUB` region whose lines are the buggy
 code commented out with `# ` (so the solution notebook runs the fixed code only). In the exercise the
 solution region becomes those lines, uncommented; the stub region itself disappears. Its checker
-reports the buggy code as not solved (`raise NotSolved(symptom)`, see minibatch/checks/core.py). tests/test_exercises.py checks that exercises/ is up
-to date, that every solution is solved and that every stub is reported unsolved.
+reports the buggy code as not solved (`raise NotSolved(symptom)`, see minibatch/checks/core.py).
+
+tests/test_exercises.py checks that exercises/ is up to date, that every solution is solved and that
+every stub is reported unsolved.
 
 Usage: python scripts/make_exercises.py [--check] [--solutions DIR] [--exercises DIR]
   --check   write nothing; exit 1 and list the files that are out of date

@@ -170,15 +170,16 @@ BUGGY = SOLVED_BODY + """\
 
 def test_demo_stub_region_becomes_the_exercise_code(tmp_path):
     notebook = nbformat.v4.new_notebook()
-    source = CHECKER + "\ndef slot_of(block_table, position, block_size):\n" + BUGGY + "\nresult = check_slot_of(slot_of)"
+    source = (CHECKER + "\ndef slot_of(block_table, position, block_size):\n" + BUGGY
+              + "\nresult = check_slot_of(slot_of)")
     notebook.cells = [nbformat.v4.new_code_cell(source, metadata={"tags": ["exercise"]})]
     (tmp_path / "solutions").mkdir()
     nbformat.write(notebook, tmp_path / "solutions" / "99_debug.ipynb")
     folders = ("--solutions", str(tmp_path / "solutions"), "--exercises", str(tmp_path / "exercises"))
     assert make_exercises(*folders).returncode == 0
     stub = exercise_cells(tmp_path / "exercises" / "99_debug.ipynb")[0]
-    assert ("block_size):\n    block = block_table[position // block_size]\n\n    return block * block_size + position\n"
-            "\nresult = check_slot_of") in stub
+    assert ("block_size):\n    block = block_table[position // block_size]\n\n"
+            "    return block * block_size + position\n\nresult = check_slot_of") in stub
     assert "STUB" not in stub and STUB not in stub and "# block" not in stub
     assert_solved(source, "debug solution")
     with pytest.raises(AssertionError, match="wrong answer"):         # the buggy code runs and is caught
