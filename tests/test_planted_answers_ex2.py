@@ -60,3 +60,34 @@ def test_08_paged_loop():
     assert "too sharp" in rejected(check_paged_decode_fix, _decode_loop(lambda p, b: p // b, scale_too=False))
     assert "runs off the end" in rejected(check_paged_decode_fix, _decode_loop(lambda p, b: p // b + 1))
     assert "not solved yet" in unsolved(check_paged_decode_fix, stub)
+
+
+# ---- chapter 13: which model saturates later, at several overheads --------------------------------
+
+def _ranking(crossover_scale=1.0, later=None, lm_head=True):
+    """A prediction with the crossovers scaled (a planted slip) and a chosen ranking."""
+    from minibatch.checks.overhead_ranking import OVERHEADS, knees
+    from minibatch.checks.slm_vs_llm import configs
+    from minibatch.sim.costmodel import ModelSize
+
+    def predict():
+        sizes = {n: ModelSize.of(c) for n, c in configs().items()}
+        cross = {n: crossover_scale * (s.body_params + (s.lm_head_params if lm_head else 0)) / s.kv_values_per_token
+                 for n, s in sizes.items()}
+        right = {o: max(k, key=k.get) for o, k in knees().items()}
+        return {"crossover_tokens": cross, "later": {o: (later or right)[o] for o in OVERHEADS}}
+    return predict
+
+
+def test_13_overhead_ranking():
+    from minibatch.checks.overhead_ranking import OVERHEADS, check_overhead_ranking
+
+    assert check_overhead_ranking(_ranking()).solved
+    assert "keys AND values" in rejected(check_overhead_ranking, _ranking(crossover_scale=2.0))
+    assert "LM head" in rejected(check_overhead_ranking, _ranking(lm_head=False))
+    always_small = {o: "135M" for o in OVERHEADS}             # "a small model batches deep" at every overhead
+    assert "at 0 ms of overhead" in (msg := rejected(check_overhead_ranking, _ranking(later=always_small)))
+    assert "a tenth of the batch x context" in msg
+    always_big = {o: "8B" for o in OVERHEADS}                 # "the bigger model always saturates later"
+    assert "fixed cost like the weight read" in rejected(check_overhead_ranking, _ranking(later=always_big))
+    assert "not solved yet" in unsolved(check_overhead_ranking, stub)
