@@ -1,6 +1,8 @@
 """Chapters 08-14: each checker rejects the planted wrong answers with a message that teaches (asserted on a
 key phrase), reports the handed-out stub as unsolved, and passes the reference answer."""
 
+import math
+
 import numpy as np
 
 from minibatch.checks.core import CheckResult
@@ -91,3 +93,30 @@ def test_13_overhead_ranking():
     always_big = {o: "8B" for o in OVERHEADS}                 # "the bigger model always saturates later"
     assert "fixed cost like the weight read" in rejected(check_overhead_ranking, _ranking(later=always_big))
     assert "not solved yet" in unsolved(check_overhead_ranking, stub)
+
+
+# ---- chapter 09: the overhead share, the batch that amortises the fixed cost, the gain of a batch ---
+
+def test_09_small_models():
+    from minibatch.analysis.profiler import overhead_share
+    from minibatch.checks.small_models import (check_batch_for_fixed_share, check_batch_gain, check_overhead_share,
+                                               simulated_gain)
+
+    assert check_overhead_share(overhead_share).solved
+    everything = lambda parts: 1.0                                                          # noqa: E731
+    with_model = lambda parts: (parts["schedule"] + parts["attention"]) / sum(parts.values())  # noqa: E731
+    with_drafts = lambda parts: 1 - sum(parts[p] for p in ("embed", "norm", "attention", "mlp", "lm_head")) / sum(
+        parts.values())                                                                     # drafting as overhead
+    for wrong in (everything, with_model, with_drafts):
+        assert "expected:" in rejected(check_overhead_share, wrong)
+    smallest = lambda f, p, t: max(1, math.ceil(f * (1 - t) / (t * p)))                      # noqa: E731
+    assert check_batch_for_fixed_share(smallest).solved
+    for wrong in (lambda f, p, t: int(f / p), lambda f, p, t: int(f * (1 - t) / (t * p)), lambda f, p, t: 1):
+        assert "expected:" in rejected(check_batch_for_fixed_share, wrong)
+
+    gain = simulated_gain()["gain"]
+    assert check_batch_gain(lambda: gain).solved
+    assert "only the fixed part" in rejected(check_batch_gain, lambda: 32.0)                # perfect scaling
+    assert "shared by the whole batch" in rejected(check_batch_gain, lambda: 1.0)           # batching gains nothing
+    assert "overestimated each sequence's own cost" in rejected(check_batch_gain, lambda: gain / 2)
+    assert "not solved yet" in unsolved(check_batch_gain, stub)
