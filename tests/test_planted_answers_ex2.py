@@ -120,3 +120,27 @@ def test_09_small_models():
     assert "shared by the whole batch" in rejected(check_batch_gain, lambda: 1.0)           # batching gains nothing
     assert "overestimated each sequence's own cost" in rejected(check_batch_gain, lambda: gain / 2)
     assert "not solved yet" in unsolved(check_batch_gain, stub)
+
+
+# ---- chapter 10: the speed-up rule, and what speculation gains on a phone --------------------------
+
+def test_10_speculation():
+    from minibatch.checks.phone_speculation import ACCEPTANCE, K, check_phone_speedups, phone_speedups
+    from minibatch.checks.speculation import check_speculation_speedup
+    from minibatch.engine.speculative import expected_tokens_per_step as tokens
+
+    assert check_speculation_speedup(tokens, lambda a, k, c: tokens(a, k) / c).solved
+    for wrong_tokens, wrong_speedup in ((lambda a, k: 1 + a * k, lambda a, k, c: tokens(a, k) / c),    # linear
+                                        (tokens, lambda a, k, c: tokens(a, k) * c),                    # times the cost
+                                        (tokens, lambda a, k, c: tokens(a, k) / (1 + k * c))):  # per draft
+        assert "expected:" in rejected(check_speculation_speedup, wrong_tokens, wrong_speedup)
+
+    right = phone_speedups()["speedup"]
+    assert check_phone_speedups(lambda: dict(right)).solved
+    per_step = {m: tokens(a, K) for m, a in ACCEPTANCE.items()}
+    assert "tokens per step alone" in rejected(check_phone_speedups, lambda: per_step)
+    by_layers = {**right, "layer_skip": per_step["layer_skip"] / (1 + K * 10 / 30)}       # the ratio of sizes
+    assert "pays the per-step overhead" in rejected(check_phone_speedups, lambda: by_layers)
+    swapped = {"ngram": right["layer_skip"], "layer_skip": right["ngram"]}
+    assert "work out the step cost" in rejected(check_phone_speedups, lambda: swapped)
+    assert "not solved yet" in unsolved(check_phone_speedups, stub)
