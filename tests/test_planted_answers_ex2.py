@@ -144,3 +144,25 @@ def test_10_speculation():
     swapped = {"ngram": right["layer_skip"], "layer_skip": right["ngram"]}
     assert "work out the step cost" in rejected(check_phone_speedups, lambda: swapped)
     assert "not solved yet" in unsolved(check_phone_speedups, stub)
+
+
+# ---- chapter 12: a quantile from a histogram, and the panel that mixes TPOT with ITL ----------------
+
+def test_12_monitoring():
+    from minibatch.checks.monitoring import PANEL_MISTAKES, check_histogram_quantile, check_p99_tpot_panel, tpot_p99
+    from minibatch.serving.monitoring import histogram_quantile
+
+    assert check_histogram_quantile(histogram_quantile).solved
+    upper_bound = lambda q, b: next(bound for bound, count in b if count >= q * b[-1][1])        # noqa: E731
+    not_cumulative = lambda q, b: histogram_quantile(q, [(u, sum(c for _, c in b[:i + 1])) for i, (u, _) in
+                                                         enumerate(b)])                          # noqa: E731
+    inf_as_answer = lambda q, b: (float("inf") if q * b[-1][1] > b[-2][1] else histogram_quantile(q, b))  # noqa: E731
+    for wrong in (upper_bound, not_cumulative, inf_as_answer):
+        assert "expected:" in rejected(check_histogram_quantile, wrong)
+
+    assert check_p99_tpot_panel(tpot_p99).solved
+    assert "inter-token latency" in unsolved(check_p99_tpot_panel, PANEL_MISTAKES["inter-token latency"][0])
+    for name, phrase in (("TTFT included", "the TTFT"), ("n gaps", "n - 1 gaps"),
+                         ("one-token requests as 0", "no TPOT"), ("longest gap", "max ITL"), ("mean", "mean TPOT")):
+        assert phrase in rejected(check_p99_tpot_panel, PANEL_MISTAKES[name][0]), name
+    assert "not solved yet" in unsolved(check_p99_tpot_panel, stub)
