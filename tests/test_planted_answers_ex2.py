@@ -166,3 +166,50 @@ def test_12_monitoring():
                          ("one-token requests as 0", "no TPOT"), ("longest gap", "max ITL"), ("mean", "mean TPOT")):
         assert phrase in rejected(check_p99_tpot_panel, PANEL_MISTAKES[name][0]), name
     assert "not solved yet" in unsolved(check_p99_tpot_panel, stub)
+
+
+# ---- chapter 14: load from /metrics, and the wait of M/D/1 at 80 % load -----------------------------
+
+def _read_load(difference=True, queue_out=True, per_request=True):
+    """read_load with a planted slip: totals instead of differences, the queue kept in service, or no mean."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def totals(text):
+        values = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+        return values
+
+    def read_load(before, after, max_batch_size):
+        b, a = totals(before), totals(after)
+        delta = lambda n: a.get(n, 0.0) - (b.get(n, 0.0) if difference else 0.0)   # noqa: E731
+        per_step = delta("minibatch:generation_tokens_total") / delta("minibatch:iteration_tokens_total_count")
+        service = delta("minibatch:e2e_request_latency_seconds_sum")
+        service -= delta("minibatch:request_queue_time_seconds_sum") if queue_out else 0.0
+        count = delta("minibatch:e2e_request_latency_seconds_count") if per_request else 1.0
+        return {"utilisation": per_step / max_batch_size, "saturation_req_s": max_batch_size / (service / count)}
+    return read_load
+
+
+def test_14_serving():
+    from minibatch.checks.serving import check_predict_waits, check_read_load, edge_waits
+
+    assert check_read_load(_read_load()).solved
+    for wrong in (_read_load(difference=False), _read_load(queue_out=False), _read_load(per_request=False)):
+        assert "expected:" in rejected(check_read_load, wrong)
+
+    def md1(mean_factor=1.0, p99=None):
+        def predict_waits(service_s, load):
+            mean = mean_factor * load * service_s / (2 * (1 - load))
+            return {"mean_wait_s": mean, "p99_wait_s": p99(mean, service_s, load) if p99 else
+                    mean / load * np.log(100 * load)}
+        return predict_waits
+
+    assert check_predict_waits(md1()).solved
+    assert "M/M/1" in rejected(check_predict_waits, md1(mean_factor=2.0))                      # c² = 1
+    assert "long tail" in rejected(check_predict_waits, md1(p99=lambda mean, s, load: 2 * mean))
+    measured = edge_waits()
+    own_service = md1(p99=lambda mean, s, load: measured["p99_wait_s"] + s)                     # p99 of e2e
+    assert "own service" in rejected(check_predict_waits, own_service)
+    assert "not solved yet" in unsolved(check_predict_waits, stub)
