@@ -107,8 +107,6 @@ def check_predict_waits(predict_waits):
         elif name == "p99_wait_s" and (near(got["mean_wait_s"]) or near(2 * got["mean_wait_s"])):
             why = (f"the wait has a long tail: most requests wait little ({1 - LOAD:.0%} not at all) and a few wait "
                    "many service times, so its p99 is several times its mean")
-        elif name == "p99_wait_s" and near(want + s):
-            why = "that includes the request's own service: the p99 asked for is the wait in the queue"
         else:
             why = ("start from the Pollaczek-Khinchine mean wait and think about the shape of the wait: a share "
                    "load of the requests waits at all")
