@@ -213,3 +213,44 @@ def test_14_serving():
                                        "p99_wait_s": edge_waits()["p99_wait_s"]}                 # rho left out
     assert "Pollaczek-Khinchine mean" in rejected(check_predict_waits, no_load)
     assert "not solved yet" in unsolved(check_predict_waits, stub)
+
+
+# ---- chapter 11: latency from timestamps, a configuration for an SLA, a policy for two classes -------
+
+def test_11_latency_and_config():
+    from minibatch.checks.sla import _pick_reference, check_latency_metrics, check_pick_config
+
+    def latencies(tpot_of):
+        def request_latencies(arrival, times):
+            return times[0] - arrival, tpot_of(times), times[-1] - arrival
+        return request_latencies
+
+    right_tpot = lambda t: (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None              # noqa: E731
+    percentile = lambda values, q: float(np.percentile(values, q))                              # noqa: E731
+    assert check_latency_metrics(latencies(right_tpot), percentile).solved
+    nearest_rank = lambda values, q: float(sorted(values)[round((len(values) - 1) * q / 100)])  # noqa: E731
+    for tpot, pct in ((lambda t: (t[-1] - t[0]) / len(t), percentile),                          # n gaps, not n - 1
+                      (lambda t: (t[-1] - t[0]) / max(len(t) - 1, 1), percentile),              # 0 for one token
+                      (right_tpot, nearest_rank)):
+        assert "expected:" in rejected(check_latency_metrics, latencies(tpot), pct)
+
+    assert check_pick_config(_pick_reference).solved
+    fastest = lambda rows, limits: max(rows, key=lambda r: r["throughput_tok_s"], default=None)        # noqa: E731
+    strict = lambda rows, limits: _pick_reference(rows, {k: v - 1e-9 for k, v in limits.items()})      # noqa: E731
+    last_of_equals = lambda rows, limits: _pick_reference(rows[::-1], limits)                           # noqa: E731
+    for wrong in (fastest, strict, last_of_equals):
+        assert "expected:" in rejected(check_pick_config, wrong)
+
+
+def test_11_policy_lab():
+    from dataclasses import replace
+
+    from minibatch.checks.policies import check_policy_lab
+
+    assert check_policy_lab(lambda base: replace(base, scheduling_policy="shortest_prompt",
+                                                 aging_tokens_per_s=20.0)).solved
+    assert "chats wait behind" in rejected(check_policy_lab, lambda base: base)                              # fcfs
+    assert "prefill its whole prompt again" in rejected(check_policy_lab,
+                                                        lambda base: replace(base, scheduling_policy="priority"))
+    assert "only scheduling_policy" in rejected(check_policy_lab, lambda base: replace(base, max_batch_size=64))
+    assert "not solved yet" in unsolved(check_policy_lab, stub)

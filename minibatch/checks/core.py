@@ -81,8 +81,8 @@ def same_value(got: Any, expected: Any) -> bool:
             return bool(np.allclose(got, expected, rtol=1e-5, atol=1e-6, equal_nan=True))
         return bool(np.array_equal(got, expected))
     if isinstance(expected, float) or isinstance(got, float):
-        return (isinstance(got, (int, float, np.number)) and not isinstance(got, bool)
-                and math.isclose(got, expected, rel_tol=1e-5, abs_tol=1e-6))
+        numbers = all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in (got, expected))
+        return numbers and math.isclose(got, expected, rel_tol=1e-5, abs_tol=1e-6)
     if isinstance(expected, (list, tuple)):
         return (isinstance(got, (list, tuple)) and len(got) == len(expected)
                 and all(same_value(g, e) for g, e in zip(got, expected)))

@@ -1,6 +1,8 @@
 """Chapter 12 (monitoring): a quantile from a Prometheus histogram, and a dashboard panel to debug whose
 "p99 TPOT" mixes TPOT up with inter-token latency (`check_p99_tpot_panel`)."""
 
+import functools
+
 import numpy as np
 
 from minibatch.checks.core import Case, NotSolved, check_cases, checker
@@ -69,6 +71,7 @@ PANEL_MISTAKES = {   # name: (what the mistake returns, what it mixed up)
 }
 
 
+@functools.lru_cache(maxsize=4)   # deterministic: the checker and its tests reuse one run
 def _served_requests() -> list[tuple[str, list, float]]:
     """Two simulated runs of `tiny` with long prompts arriving among decodes (their prefills stall the
     running answers): (what, [(arrival_time, token_times)], the engine's p99_tpot_s)."""

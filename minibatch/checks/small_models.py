@@ -1,6 +1,8 @@
 """Chapter 09 (small-model specifics): the overhead share of a step, the batch size that amortises the fixed
 cost per step, and a prediction of what batching gains on the simulated clock (`check_batch_gain`)."""
 
+import functools
+
 import numpy as np
 
 from minibatch.checks.core import Case, check_cases, checker
@@ -38,6 +40,7 @@ def check_batch_for_fixed_share(batch_for_fixed_share):
 BATCH, CONTEXT, TOLERANCE = 32, 128, 0.25   # predict decode tokens/s at BATCH over 1, CONTEXT-token prompts
 
 
+@functools.lru_cache(maxsize=4)   # deterministic: the checker and its tests reuse one run
 def simulated_gain(profile: str | None = None) -> dict:
     """Decode steps of batch 1 and BATCH served on the simulated clock (smollm2-135m's shape, the profile
     in use): {"step_1_s", "step_b_s", "gain"}, the gain being tokens/s at BATCH over tokens/s at 1."""
