@@ -135,6 +135,16 @@ def test_10_speculation():
                                         (tokens, lambda a, k, c: tokens(a, k) / (1 + k * c))):  # per draft
         assert "expected:" in rejected(check_speculation_speedup, wrong_tokens, wrong_speedup)
 
+    from minibatch.checks.speculation import check_verify_greedy
+    from minibatch.engine.speculative import verify_greedy
+
+    assert check_verify_greedy(verify_greedy).solved
+    no_own_token = lambda d, t: verify_greedy(d, t)[:-1]                                        # noqa: E731
+    keeps_going = lambda d, t: [x for x, y in zip(d, t) if x == y] + [t[len(d)]]               # skips mismatches
+    all_drafts = lambda d, t: list(d) + [t[len(d)]]                                             # accepts everything
+    for wrong in (no_own_token, keeps_going, all_drafts):
+        assert "expected:" in rejected(check_verify_greedy, wrong)
+
     right = phone_speedups()["speedup"]
     assert check_phone_speedups(lambda: dict(right)).solved
     per_step = {m: tokens(a, K) for m, a in ACCEPTANCE.items()}
