@@ -23,7 +23,7 @@ WINNERS = ("the configurations that meet both limits put short prompts first and
 
 @checker("choose_policy(base)")
 def check_policy_lab(choose_policy):
-    from minibatch.analysis.fairness import LAB_BASE, LAB_LIMITS, POLICY_KNOBS, lab_score
+    from minibatch.tools.fairness import LAB_BASE, LAB_LIMITS, POLICY_KNOBS, lab_score
 
     config = learner_config(choose_policy, "choose_policy(base)", LAB_BASE, POLICY_KNOBS)
     score, baseline = lab_score(config), lab_score(LAB_BASE)
