@@ -98,15 +98,14 @@ def test_13_overhead_ranking():
 # ---- chapter 09: the overhead share, the batch that amortises the fixed cost, the gain of a batch ---
 
 def test_09_small_models():
-    from minibatch.analysis.profiler import overhead_share
+    from minibatch.analysis.profiler import MODEL_PARTS, overhead_share
     from minibatch.checks.small_models import (check_batch_for_fixed_share, check_batch_gain, check_overhead_share,
                                                simulated_gain)
 
     assert check_overhead_share(overhead_share).solved
     everything = lambda parts: 1.0                                                          # noqa: E731
     with_model = lambda parts: (parts["schedule"] + parts["attention"]) / sum(parts.values())  # noqa: E731
-    with_drafts = lambda parts: 1 - sum(parts[p] for p in ("embed", "norm", "attention", "mlp", "lm_head")) / sum(
-        parts.values())                                                                     # drafting as overhead
+    with_drafts = lambda parts: 1 - sum(parts[p] for p in MODEL_PARTS) / sum(parts.values())  # noqa: E731
     for wrong in (everything, with_model, with_drafts):
         assert "expected:" in rejected(check_overhead_share, wrong)
     smallest = lambda f, p, t: max(1, math.ceil(f * (1 - t) / (t * p)))                      # noqa: E731
