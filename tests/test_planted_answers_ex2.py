@@ -205,8 +205,10 @@ def test_14_serving():
     from minibatch.checks.serving import check_predict_waits, check_read_load, edge_waits
 
     assert check_read_load(_read_load()).solved
-    for wrong in (_read_load(difference=False), _read_load(queue_out=False), _read_load(per_request=False)):
-        assert "expected:" in rejected(check_read_load, wrong)
+    for wrong, phrase in ((_read_load(difference=False), "counters only grow"),
+                          (_read_load(queue_out=False), "counts the queue time as service"),
+                          (_read_load(per_request=False), "mean time in service")):
+        assert phrase in rejected(check_read_load, wrong)
 
     def md1(mean_factor=1.0, p99=None):
         def predict_waits(service_s, load):

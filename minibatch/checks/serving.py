@@ -54,9 +54,25 @@ def check_read_load(read_load):
     hand = [(empty, _exposition(80, 40, [(0.5, 2.5), (0.0, 1.0)]), 8, {"utilisation": 0.25, "saturation_req_s": 8 / 1.5}),
             (_exposition(10, 10, [(1.0, 3.0)]), _exposition(40, 20, [(1.0, 3.0), (0.25, 1.25), (0.75, 0.75)]), 4,
              {"utilisation": 0.75, "saturation_req_s": 4 / 0.5})]
+    _name_the_mistake(read_load, hand)
     cases = [Case((b, a, size), expected) for b, a, size, expected in hand]
     cases += [Case((b, a, 4), expected) for b, a, expected in _served_with_metrics()]
     return check_cases(read_load, cases)
+
+
+def _name_the_mistake(read_load, hand) -> None:
+    """Raise a message naming the usual slips, recognised by their answers on the two hand-made scrapes."""
+    first, second = (read_load(b, a, size) for b, a, size, _ in hand)
+    near = lambda got, x: isinstance(got, (int, float)) and abs(got - x) <= 1e-6 * abs(x)      # noqa: E731
+    if isinstance(first, dict) and near(first.get("saturation_req_s"), 8 / (3.5 / 2)):
+        raise AssertionError("the saturation point counts the queue time as service: a request holds a slot only "
+                             "from its start, so subtract request_queue_time_seconds_sum from the e2e sum")
+    if isinstance(first, dict) and near(first.get("saturation_req_s"), 8 / 3.0):
+        raise AssertionError("the saturation point divides by the total service seconds: Little's law needs the "
+                             "mean time in service, the sum divided by the requests finished (the e2e _count)")
+    if isinstance(second, dict) and near(second.get("utilisation"), 0.5):
+        raise AssertionError("the utilisation uses the counters' totals since the server started: counters only "
+                             "grow, so what happened between two scrapes is their difference, after minus before")
 
 
 # ---- predict, then measure: the wait at 80 % load of a one-slot server (M/D/1) ----------------------
