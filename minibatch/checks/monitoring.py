@@ -35,6 +35,17 @@ def check_histogram_quantile(histogram_quantile):
              Case((0.99, hand), 1.0),           # rank 9.9 is in the +inf bucket: the highest finite bound
              Case((0.5, [(1.0, 0.0), (2.0, 4.0), (inf, 4.0)]), 1.5)]   # an empty first bucket
     cases += [Case((q, buckets), reference(q, buckets)) for buckets in _served_histograms() for q in (0.5, 0.9, 0.99)]
+    median, tail = histogram_quantile(0.5, list(hand)), histogram_quantile(0.99, list(hand))
+    summed = [(bound, sum(count for _, count in hand[:i + 1])) for i, (bound, _) in enumerate(hand)]
+    if median == 0.5:
+        raise AssertionError("the median of [(0.1, 2), (0.5, 6), (1.0, 8), (inf, 10)] came back as 0.5, the upper "
+                             "bound of its bucket: interpolate inside it, 0.1 + (0.5 - 0.1) * (5 - 2) / (6 - 2)")
+    if tail == inf:
+        raise AssertionError("q = 0.99 falls in the +inf bucket: nothing is known there, so answer the highest finite "
+                             "bound (1.0 here), as Prometheus does, not infinity")
+    if median == reference(0.5, summed):
+        raise AssertionError("the counts are already cumulative (each includes every bucket below it): do not add "
+                             "them up again; a bucket holds the observations between the previous count and its own")
     return check_cases(histogram_quantile, cases)
 
 
