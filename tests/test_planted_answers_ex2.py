@@ -166,7 +166,7 @@ def test_12_monitoring():
     not_cumulative = lambda q, b: histogram_quantile(q, [(u, sum(c for _, c in b[:i + 1])) for i, (u, _) in
                                                          enumerate(b)])                          # noqa: E731
     inf_as_answer = lambda q, b: (float("inf") if q * b[-1][1] > b[-2][1] else histogram_quantile(q, b))  # noqa: E731
-    for wrong, phrase in ((upper_bound, "interpolate inside the bucket"), (not_cumulative, "already cumulative"),
+    for wrong, phrase in ((upper_bound, "upper bound of its bucket"), (not_cumulative, "already cumulative"),
                           (inf_as_answer, "highest finite bound")):
         assert phrase in rejected(check_histogram_quantile, wrong)
 
