@@ -26,11 +26,15 @@ class Case:
 
 class NotSolved(NotImplementedError):
     """Raised by a checker when the answer still shows the exercise's planted symptom (a debugging
-    exercise's buggy code, as handed out): reported as "not solved yet" with the symptom, not as an error."""
+    exercise's buggy code, as handed out): reported as "not solved yet" with the symptom, not as an error,
+    while other wrong answers still raise."""
 
 
-def checker(title: str) -> Callable:
-    """Decorator turning a checking function into a learner-facing checker named `title`."""
+def checker(title: str, debug: bool = False) -> Callable:
+    """Decorator turning a checking function into a learner-facing checker named `title`. With `debug`
+    (a debugging exercise, whose stub is a piece with a planted bug, not a blank) a wrong answer is
+    reported "not solved" with its message instead of raising, so the buggy stub's notebook runs on.
+    A checker that tells the planted bug from other wrong answers raises NotSolved for it instead."""
 
     def decorate(body: Callable) -> Callable[..., CheckResult]:
         @functools.wraps(body)
@@ -47,7 +51,11 @@ def checker(title: str) -> Callable:
                 print("○ " + message)
                 return CheckResult(False, message)
             except AssertionError as err:
-                raise AssertionError(f"{title}: {err}") from None
+                if not debug:
+                    raise AssertionError(f"{title}: {err}") from None
+                message = f"{title}: not solved yet: {err}"
+                print("✗ " + message)
+                return CheckResult(False, message)
             message = f"{title}: all {cases} cases pass." if cases else f"{title}: solved."
             print("✓ " + message)
             return CheckResult(True, message)
