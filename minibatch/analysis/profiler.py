@@ -3,10 +3,10 @@
 With `EngineConfig(profile_steps=True)` the engine wraps the runner's input preparation and the
 model's parts (norms, attention, MLP, LM head) in timers, on the path it runs, and each step's record
 carries the seconds of every part in `phase_times`; where the fast path ran a step's layers as whole
-compiled calls, their parts are timed apart on the same kernels (`engine/timing.py`). On CUDA a timer synchronises the device before
-and after, so a part is charged for its kernels rather than their launch; that slows the profiled
-run down, so profile to understand and benchmark with the flag off. With the flag off nothing is
-wrapped and steps run as before.
+compiled calls, their parts are timed apart on the same kernels (`engine/timing.py`). On CUDA a timer
+synchronises the device before and after, so a part is charged for its kernels rather than their
+launch; that slows the profiled run down, so profile to understand and benchmark with the flag off.
+With the flag off nothing is wrapped and steps run as before.
 
 The parts of a step, and which of them are overhead (work that does not grow with the model):
 
