@@ -27,7 +27,8 @@ import transformers
 
 from minibatch.config import EngineConfig, SamplingParams
 from minibatch.sim.costmodel import ModelSize, RooflineCostModel, StepShape
-from minibatch.engine.kv import blocks_for
+from minibatch.engine.kv import blocks_for, kv_bytes_per_token
+from minibatch.engine.models.shape import ModelShape
 from minibatch.llm import LLM
 from minibatch.analysis.profiler import profile_decode
 
@@ -121,6 +122,23 @@ def balance(cost: RooflineCostModel, context: int) -> dict:
             "kv_bytes_per_token": size.kv_values_per_token * value, "step_batch1_s": one["step_s"],
             "saturating_batch": batch, "overhead_share_batch1": one["overhead_s"] / one["step_s"],
             "overhead_share_saturated": full["overhead_s"] / full["step_s"]}
+
+
+def kv_against_weights(config, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """A model's KV bytes per token against the weight bytes a decode step reads, from its Hugging Face config
+    with the engine's own arithmetic; `match_tokens`: the cached tokens of a whole batch (batch x context) whose
+    KV reads take as long as reading the weights once. Past it, a step's bytes are mostly KV cache."""
+    shape, size = ModelShape(config), ModelSize.of(config)
+    kv = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype)
+    weights = (size.body_params + size.lm_head_params) * torch.empty((), dtype=dtype).element_size()
+    return {"weight_bytes": weights, "kv_bytes_per_token": kv, "kv_per_weight_byte": kv / weights,
+            "match_tokens": weights / kv}
+
+
+def saturation_by_overhead(costs: dict, context: int, overheads_s=(0.0, 0.5e-3, 2e-3)) -> dict:
+    """{overhead_s: {label: saturating batch}}: each cost model's saturating batch with its overhead replaced."""
+    return {o: {label: saturating_batch(replace(cost, overhead_s=o), context) for label, cost in costs.items()}
+            for o in overheads_s}
 
 
 def bounds(size: ModelSize, bytes_per_value: int, flops: float, bandwidth: float, batch: int, context: int) -> dict:
