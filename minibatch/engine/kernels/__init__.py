@@ -69,15 +69,6 @@ class AttentionMetadata:
         )
 
 
-def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
-    """The backend `attention_backend="auto"` stands for: the Numba kernel on a CPU in float32 or bfloat16
-    (it reads K/V in place and vectorises, the fastest measured there), the torch reference everywhere else
-    (float16, and GPUs, where PyTorch's fused attention is the fast path). Other names are kept."""
-    if name != "auto":
-        return name
-    return "numba" if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) else "torch"
-
-
 def get_backend(name: str):
     """The backend module for an `EngineConfig.attention_backend` name."""
     if name not in _MODULES:

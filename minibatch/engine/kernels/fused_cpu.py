@@ -35,7 +35,7 @@ import torch
 from numba import njit, prange
 
 from minibatch.engine.kernels import bfloat16, lanes
-from minibatch.engine.kernels.bfloat16 import as_stored, get, host_view, put, supported
+from minibatch.engine.kernels.bfloat16 import as_stored, get, host_view, put
 from minibatch.engine.kernels.lanes import LANES, exp8, fma8, load8, splat8, store8, sum8, zero8
 from minibatch.engine.kernels.stale_cache import forget_stale
 
@@ -133,21 +133,6 @@ def _silu_mul(gate_up, out):
             gate = get(gate_up, (t, i))
             silu = as_stored(out, gate / (np.float32(1.0) + np.exp(-gate)))
             put(out, (t, i), silu * get(gate_up, (t, inter + i)))
-
-
-# The attention backends whose KV write is a plain store into the (N, bs, Hkv, D) caches, which
-# `rotary_write_kv` does itself; any other backend writes its own K/V.
-PLAIN_KV_WRITE = ("minibatch.engine.kernels.torch_ref", "minibatch.engine.kernels.numba_cpu")
-
-
-def supports(x: torch.Tensor) -> bool:
-    """Whether these kernels can run on x: float32 or bfloat16 on the CPU."""
-    return x.device.type == "cpu" and supported(x.dtype)
-
-
-def writes_plain_kv(backend) -> bool:
-    """Whether the backend's write_kv is the plain store that `rotary_write_kv` makes."""
-    return getattr(backend, "__name__", None) in PLAIN_KV_WRITE
 
 
 def _kept_view(tensor: torch.Tensor) -> np.ndarray:
