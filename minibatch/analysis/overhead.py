@@ -5,8 +5,8 @@ which grow with the model. Outside it are scheduling, packing the inputs, sampli
 the step record, which do not: they grow with the batch and the vocabulary, never with the layers
 or their width. `forward_timed` times every call of the model's forward pass and of its LM head and
 changes nothing else: the layers run as the engine runs them by default (on a CPU in float32, each
-layer as one compiled call), unlike `EngineConfig(profile_steps=True)`, which splits every layer into
-separately timed parts. So, for each decode step,
+layer as one compiled call), and nothing is timed inside them, unlike `EngineConfig(profile_steps=True)`,
+which also times one layer's parts apart to share the layers' time out. So, for each decode step,
 
     fixed  = step - forward         the part that does not grow with the model
     layers = forward - LM head      (the embedding lookup and the loop over the layers included)
@@ -66,28 +66,36 @@ def shaped_engine(model: str, num_layers: int | None = None, **config_fields) ->
     return LLMEngine(config, ModelParts() if num_layers is None else FirstLayers(num_layers))
 
 
+class _Timed:
+    """A callable (the forward pass, the LM head's product) whose calls append their seconds to `into`;
+    anything else asked of it (nbytes, operands, ...) is the callable's own."""
+
+    def __init__(self, fn, into: list, sync):
+        self.fn, self.into, self.sync = fn, into, sync
+
+    def __call__(self, *args, **kwargs):
+        if self.sync:
+            self.sync()
+        start = time.perf_counter()
+        out = self.fn(*args, **kwargs)
+        if self.sync:
+            self.sync()
+        self.into.append(time.perf_counter() - start)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.fn, name)
+
+
 @contextmanager
 def forward_timed(engine: LLMEngine):
     """Within the block, the seconds of every call of the model's forward pass and of its LM head are
     appended to the yielded {"forward": [...], "head": [...]}; the model runs exactly as before."""
     model, times = engine.model, {"forward": [], "head": []}
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else None   # charge kernels, not launches
-    saved = {name: vars(model).get(name) for name in ("forward", "lm_head_logits")}
-
-    def timed(fn, into):
-        def run(*args, **kwargs):
-            if sync:
-                sync()
-            start = time.perf_counter()
-            out = fn(*args, **kwargs)
-            if sync:
-                sync()
-            into.append(time.perf_counter() - start)
-            return out
-        return run
-
-    model.forward = timed(model.forward, times["forward"])
-    model.lm_head_logits = timed(model.lm_head_logits, times["head"])   # forward looks it up on the instance
+    saved = {name: vars(model).get(name) for name in ("forward", "lm_head")}
+    model.forward = _Timed(model.forward, times["forward"], sync)
+    model.lm_head = _Timed(model.lm_head, times["head"], sync)   # the forward pass calls it as self.lm_head
     try:
         yield times
     finally:
