@@ -9,8 +9,8 @@ from minibatch.__main__ import main as cli
 from minibatch.bench import measure, report, roofline
 from minibatch.bench.suite import SYSTEM_NAMES, Scale, run_bench
 from minibatch.bench.check import compare, reference_outputs
-from minibatch.bench.peers import HFContinuous, HFGenerate
-from minibatch.bench.systems import Minibatch, System
+from minibatch.bench.peers.hf import HFContinuous, HFGenerate
+from minibatch.bench.peers.systems import Minibatch, System
 from minibatch.bench.workloads import BenchWorkload
 from minibatch.bench.workloads import offline_workload
 
@@ -195,7 +195,7 @@ def test_roofline_arithmetic(tiny_hf):
 
 
 def test_saturating_batch_is_the_knee_of_the_roofline():
-    from minibatch.bench.roofline import balance, saturating_batch
+    from minibatch.analysis.roofline import balance, saturating_batch
     from minibatch.sim.costmodel import ModelSize, RooflineCostModel
     from minibatch.engine.models.tiny import tiny_config
     size, context = ModelSize.of(tiny_config()), 64
@@ -213,7 +213,7 @@ def test_saturating_batch_is_the_knee_of_the_roofline():
 
 
 def test_kv_against_weights_and_saturation_by_overhead():
-    from minibatch.bench.roofline import kv_against_weights, saturating_batch, saturation_by_overhead
+    from minibatch.analysis.roofline import kv_against_weights, saturating_batch, saturation_by_overhead
     from minibatch.engine.kv import kv_bytes_per_token
     from minibatch.engine.models.tiny import tiny_config
     from minibatch.sim.costmodel import ModelSize, RooflineCostModel

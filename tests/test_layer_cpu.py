@@ -17,7 +17,7 @@ def _engine(whole_layers: bool, **config):
     """The fast path; whole_layers=False runs its layers part by part (the same kernels), as it does for steps
     whose products or attention the compiled layer cannot run."""
     llm = LLM(EngineConfig(**{"model": "tiny", "max_batch_size": 8, "max_model_len": 128, **config}))
-    llm.engine.ops.compiled_attention = whole_layers
+    llm.engine.ops.whole_layers = whole_layers
     return llm
 
 

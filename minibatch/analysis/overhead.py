@@ -14,7 +14,7 @@ which also times one layer's parts apart to share the layers' time out. So, for 
 A model larger than a laptop holds is measured on its first layers only (`shaped_engine`), with
 random weights of its shape: a step's time does not depend on the weights' values, and the fixed
 part plus the LM head plus the per-layer time at full depth gives the whole model's step
-(`full_depth`). Usage: `python -m minibatch overhead` prints the table for the course's four sizes.
+(`full_depth`). `python -m minibatch overhead` prints the table for the course's four sizes (minibatch.tools.overhead).
 """
 from __future__ import annotations
 
@@ -191,19 +191,3 @@ def format_table(rows: list[dict]) -> str:
                      f"{r['forward']:>11.2f} {r['fixed']:>7.2f} {r['share']:>11.1%} {r['per_layer']:>9.3f} "
                      f"{r['full_step']:>17.2f} {r['full_share']:>11.1%}")
     return "\n".join(lines)
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default: 5)")
-    parser.add_argument("--steps", type=int, default=4, help="decode steps per model and round (default: 4)")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--kernels", default=None, help="the engine's kernels setting, where it has one")
-
-
-def main(args) -> int:
-    fields = {"device": args.device, **({"kernels": args.kernels} if args.kernels else {})}
-    engines = {label: shaped_engine(name, layers, **fields) for label, (name, layers) in SIZES.items()}
-    rounds = measure_by_size(engines, rounds=args.rounds, steps=args.steps)
-    print(f"fixed cost of a batch-1 decode step against model size, medians of {args.rounds} interleaved rounds (ms)")
-    print(format_table(table(engines, rounds)))
-    return 0

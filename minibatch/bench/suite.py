@@ -39,9 +39,9 @@ import torch
 
 from minibatch.bench import measure, report, results as shipped, roofline
 from minibatch.bench.check import greedy_reference
-from minibatch.bench.external import PEER_SYSTEMS
-from minibatch.bench.peers import HFContinuous, HFGenerate
-from minibatch.bench.systems import Minibatch, RunResult, System
+from minibatch.bench.peers.external import PEER_SYSTEMS
+from minibatch.bench.peers.hf import HFContinuous, HFGenerate
+from minibatch.bench.peers.systems import Minibatch, RunResult, System
 from minibatch.bench.workloads import FULL, PEERS, QUICK, BenchWorkload, Scale, offline_workload
 from minibatch.config import ConfigError, EngineConfig
 from minibatch.engine.resolve import resolve as resolve_config

@@ -21,7 +21,7 @@ from minibatch.engine.request import Request
 from minibatch.engine.resolve import resolve
 from minibatch.engine.schedulers import StepPlan
 from minibatch.engine.speculative import make_decoder
-from minibatch.engine.threads import use_threads
+from minibatch.engine.threads import ThreadFollower, use_threads
 from minibatch.engine.timing import StepProfiler
 from minibatch.engine.tokens import PromptEncoder
 
@@ -42,6 +42,7 @@ class LLMEngine:
         self.device, self.dtype = self.resolved.device, self.resolved.dtype
         on_cpu = self.device.type == "cpu" or config.cpu_threads is not None
         self.cpu_threads = use_threads(config.cpu_threads) if on_cpu else torch.get_num_threads()  # free cores
+        self.threads = ThreadFollower(self.cpu_threads) if on_cpu and config.cpu_threads is None else None
         self.kernels, self.attention_backend = self.resolved.kernels, self.resolved.attention_backend
         self.backend = plugins.attention_backend(get_backend(self.attention_backend), step_of)
         self.ops = make_ops(self.kernels, self.backend)              # the path's operations (engine/ops)
@@ -184,6 +185,8 @@ class LLMEngine:
     def step(self) -> list[Request] | None:
         """One step; returns the requests that finished in it, or None if nothing could run."""
         timer, start = PhaseTimer(self.profiler), self.clock.now()
+        if self.threads:
+            self.cpu_threads = self.threads.follow()                     # the cores other programs leave free
         with timer("schedule"):
             queries, hits = self.prefix_cache_queries, self.prefix_cache_hits
             plan = self.scheduler.schedule(start)

@@ -123,5 +123,12 @@ class PhaseTimer:
             self._times[phase] = time.perf_counter() - start
 
     def times(self) -> dict:
-        """The step's phase times, and its model parts' when profiled."""
-        return {**self._times, **(self.profiler.collect() if self.profiler else {})}
+        """The step's phase times, and its model parts' when profiled (the model phase without the time the
+        profiler took to time parts apart)."""
+        if not self.profiler:
+            return dict(self._times)
+        parts, apart = self.profiler.collect()
+        times = {**self._times, **parts}
+        if "model" in times:
+            times["model"] -= apart
+        return times

@@ -43,6 +43,7 @@ class StepProfiler:
         self.kernels = None
         self.whole_layer_steps = 0                  # forward passes whose layers ran as whole compiled calls
         self.part_by_part_steps = 0                 # ... and part by part
+        self.measuring_apart = 0.0                  # seconds spent timing parts apart: not the step's own
 
     def _run(self, part: str, fn, *args, **kwargs):
         if self.sync:
@@ -82,7 +83,9 @@ class StepProfiler:
         elapsed = time.perf_counter() - start
         if self.times == before and layers:         # whole compiled layers: nothing inside was timed
             self.whole_layer_steps += 1
+            start = time.perf_counter()
             apart = self._parts_apart(model, x, layers[0], kv_cache, step)
+            self.measuring_apart += time.perf_counter() - start
             self.times = before
             total = sum(apart.values())
             for part, seconds in apart.items():
@@ -116,8 +119,9 @@ class StepProfiler:
                 "parts": ("timed apart on the same kernels, sharing out the whole layers' measured time"
                           if self.whole_layer_steps else "timed in place")}
 
-    def collect(self) -> dict:
-        """The seconds gathered since the last call, per part; the counters restart from zero."""
-        times = dict(self.times)
-        self.times = dict.fromkeys(self.times, 0.0)
-        return times
+    def collect(self) -> tuple[dict, float]:
+        """The seconds gathered since the last call, per part, and the seconds spent timing parts apart (to
+        leave out of the step's model phase); the counters restart from zero."""
+        times, apart = dict(self.times), self.measuring_apart
+        self.times, self.measuring_apart = dict.fromkeys(self.times, 0.0), 0.0
+        return times, apart

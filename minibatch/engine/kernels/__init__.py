@@ -13,8 +13,8 @@ One rule covers prefill, chunked prefill and decode: query row j of sequence i s
 
 Every Numba kernel of the CPU paths (here and in `fused_cpu`, `gemv_cpu`, `quantized_numba`, `quantized_groups_numba`)
 is compiled with `nogil=True`: while it runs, other Python threads run too, as they do during torch's
-operators. A server's event loop streams tokens while the engine thread computes (measured with
-`minibatch serve`, 48 requests at 8 req/s on 2 cores: goodput 1.92-1.95 req/s, 1.18-1.59 without).
+operators. A server's event loop streams tokens while the engine thread computes (measurements:
+docs/performance.md, section "Threads"; each kernel's own measurements: the section its module names).
 """
 from __future__ import annotations
 

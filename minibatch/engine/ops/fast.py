@@ -26,6 +26,7 @@ class FastOps(ReferenceOps):
     def __init__(self, backend):
         super().__init__(backend)
         self.compiled_attention = backend is numba_cpu     # the compiled layer has the Numba kernel built in
+        self.whole_layers = True                           # False: every step part by part (to compare the two)
         self._operands = {}                                # (first layer, layers, rows) -> their operands, or None
 
     def product(self, weight) -> Product:
@@ -43,7 +44,7 @@ class FastOps(ReferenceOps):
         return fused_cpu.silu_mul(gate_up)
 
     def decoder_layers(self, model, x, layers, kv_cache, step):
-        operands = self.layer_operands(layers, x.shape[0])
+        operands = self.layer_operands(layers, x.shape[0]) if self.whole_layers else None
         if operands is None:                               # part by part, the same kernels
             return super().decoder_layers(model, x, layers, kv_cache, step)
         return layer_cpu.run_layers(x, layers, operands, kv_cache, (step.positions, step.cos, step.signed_sin),
