@@ -199,6 +199,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # extra token ids that end the request
     ignore_eos: bool = False             # keep generating past the end-of-sequence token (for benchmarks)
     logprobs: int | None = None          # return each chosen token's log-probability and the top-N (raw model distribution)
+    prompt_logprobs: int | None = None   # return each prompt token's log-probability and the top-N at its position (vLLM)
     priority: int = 0                    # lower is served earlier with scheduling_policy="priority"; else it must stay 0 (vLLM)
 
     def __post_init__(self):
@@ -232,6 +233,10 @@ class SamplingParams:
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             fail(owner, "logprobs", self.logprobs, f"None, or an integer in [0, {MAX_LOGPROBS}] (top log-probabilities per token)")
+        if self.prompt_logprobs is not None and (isinstance(self.prompt_logprobs, bool) or not isinstance(
+                self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            fail(owner, "prompt_logprobs", self.prompt_logprobs,
+                 f"None, or an integer in [0, {MAX_LOGPROBS}] (top log-probabilities per prompt token)")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             fail(owner, "priority", self.priority, "an integer")
 
@@ -245,5 +250,7 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def for_sample(self, index: int) -> "SamplingParams":
-        """The params of the index-th of n continuations: one sample each; a seeded request's i-th gets seed + i (vLLM)."""
-        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)
+        """The params of the index-th of n continuations: one sample each; a seeded request's i-th gets seed + i (vLLM).
+        The continuations share one prompt, so only the first scores it (`prompt_logprobs`)."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index,
+                       prompt_logprobs=self.prompt_logprobs if index == 0 else None)
