@@ -1,7 +1,9 @@
 """Prompt log-probabilities (vLLM's `prompt_logprobs`): equal to transformers' log-softmax of the same
 forward pass, over batching, chunked prefill, the prefix cache, every scheduler and n > 1."""
+import json
 import math
 
+import httpx
 import pytest
 import torch
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 
 from minibatch import LLM, EngineConfig, SamplingParams
 from minibatch.config import MAX_LOGPROBS, ConfigError
+from minibatch.serving.server import ServerThread
 
 PROMPTS = [[5, 17, 99, 3, 250, 41, 8], [200, 2, 2, 2, 77],
            [12, 140, 13, 9, 61, 62, 63, 64, 65, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 44]]   # tiny's vocabulary: 259
@@ -149,3 +152,85 @@ def test_top_n_are_sorted_and_their_probabilities_sum_to_at_most_one(continuous,
         if len(entry) == top + 1:                                          # not among the top-N: no more likely
             assert entry[token] <= others[-1]
         assert math.fsum(math.exp(v) for v in entry.values()) <= 1 + 1e-5
+
+
+# ---- over HTTP: OpenAI's echo with logprobs, vLLM's prompt_logprobs --------------------------------------------
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerThread(EngineConfig(model="tiny", max_batch_size=8, num_kv_blocks=256)) as running:
+        yield running
+
+
+def complete(server, **body) -> dict:
+    response = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "temperature": 0, **body}, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_echo_with_max_tokens_zero_scores_the_prompt_alone(server, continuous):
+    body = complete(server, prompt=PROMPTS[0], echo=True, logprobs=1, max_tokens=0)
+    choice, engine = body["choices"][0], generate(continuous, [PROMPTS[0]], prompt_logprobs=1)[0]
+    lp = choice["logprobs"]
+    assert choice["text"] == continuous.engine.prompts.decode(PROMPTS[0]) and choice["finish_reason"] == "length"
+    assert len(lp["tokens"]) == len(PROMPTS[0]) and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][1:] == pytest.approx([e[t] for e, t in zip(engine.prompt_logprobs[1:], PROMPTS[0][1:])],
+                                                     abs=1e-5)
+    assert all(1 <= len(top) <= 2 for top in lp["top_logprobs"][1:])
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+    assert body["usage"]["completion_tokens"] == 0 and body["usage"]["prompt_tokens"] == len(PROMPTS[0])
+
+
+def test_echo_puts_the_prompt_before_the_generated_tokens(server):
+    plain = complete(server, prompt="The tide", logprobs=2, max_tokens=3, ignore_eos=True)["choices"][0]
+    echoed = complete(server, prompt="The tide", echo=True, logprobs=2, max_tokens=3, ignore_eos=True)["choices"]
+    assert echoed[0]["text"] == "The tide" + plain["text"]
+    lp, alone = echoed[0]["logprobs"], plain["logprobs"]       # a row in another batch: equal to float rounding
+    assert lp["tokens"][-3:] == alone["tokens"] and lp["token_logprobs"][-3:] == pytest.approx(alone["token_logprobs"])
+    assert [list(top) for top in lp["top_logprobs"][-3:]] == [list(top) for top in alone["top_logprobs"]]
+    prompt_chars = sum(map(len, echoed[0]["logprobs"]["tokens"][:-3]))
+    assert echoed[0]["logprobs"]["text_offset"][-3:] == [o + prompt_chars for o in plain["logprobs"]["text_offset"]]
+    text_only = complete(server, prompt="The tide", echo=True, max_tokens=3, ignore_eos=True)["choices"][0]
+    assert text_only["text"] == echoed[0]["text"] and text_only["logprobs"] is None
+
+
+def test_streamed_echo_matches_the_whole_response(server):
+    body = {"model": "tiny", "prompt": "Tides", "echo": True, "logprobs": 1, "max_tokens": 4, "n": 2,
+            "temperature": 0, "ignore_eos": True}
+    whole = complete(server, **body)["choices"]
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as response:
+        chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert "".join(c["text"] for c in mine) == whole[index]["text"]
+        assert [t for c in mine for t in c["logprobs"]["token_logprobs"]] == \
+            pytest.approx(whole[index]["logprobs"]["token_logprobs"], abs=1e-5)
+
+
+def test_vllm_prompt_logprobs_field(server, continuous):
+    choice = complete(server, prompt=PROMPTS[1], prompt_logprobs=2, max_tokens=1)["choices"][0]
+    engine = generate(continuous, [PROMPTS[1]], prompt_logprobs=2)[0].prompt_logprobs
+    served = choice["prompt_logprobs"]
+    assert served[0] is None and len(served) == len(PROMPTS[1]) and choice["logprobs"] is None
+    for position, (entry, local) in enumerate(zip(served[1:], engine[1:])):
+        token = PROMPTS[1][position + 1]
+        assert list(entry)[0] == str(token) and set(entry) == {str(t) for t in local}
+        assert all(entry[str(t)]["logprob"] == pytest.approx(v, abs=1e-5) for t, v in local.items())
+        ranks = sorted(e["rank"] for t, e in entry.items() if t != str(token))
+        assert ranks[0] == 1 and entry[str(token)]["rank"] >= 1
+        assert all(isinstance(e["decoded_token"], str) for e in entry.values())
+
+
+@pytest.mark.parametrize("path, extra, param", [
+    ("/v1/completions", {"max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt_logprobs": MAX_LOGPROBS + 1}, "prompt_logprobs"),
+    ("/v1/completions", {"echo": "yes"}, "echo"),
+    ("/v1/chat/completions", {"prompt_logprobs": 1}, "prompt_logprobs"),
+    ("/v1/chat/completions", {"echo": True}, "echo"),
+])
+def test_bad_combinations_get_a_400_naming_the_field(server, path, extra, param):
+    base = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
+    response = httpx.post(server.url + path, json={"model": "tiny", **base, **extra}, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
