@@ -182,7 +182,11 @@ def _check_range(owner: str, name: str, value, low: float, high: float, open_low
 
 @dataclass
 class SamplingParams:
-    """How one request chooses its tokens and when it stops: vLLM's fields, names and meanings."""
+    """How one request chooses its tokens and when it stops: vLLM's fields, names and meanings.
+
+    `prompt_logprobs` scores the prompt too (an evaluation harness's log-likelihood): as in vLLM, a request
+    that asks computes every prompt token itself, reusing no cached prefix (enable_prefix_caching), since a
+    prefix read from the cache has no logits; the blocks it fills are cached for the requests after it."""
 
     max_new_tokens: int = 16             # most tokens to generate (OpenAI/vLLM: max_tokens)
     min_tokens: int = 0                  # EOS and stop_token_ids are masked until this many tokens are out
