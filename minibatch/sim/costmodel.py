@@ -6,7 +6,7 @@ shape into seconds:
 
 - `LinearCostModel`, MEASURED: a fixed per-step overhead plus a cost per prefill token, per
   decode sequence and per KV token read, fitted by least squares to real step times
-  (`minibatch.analysis.calibrate`). The shipped profile `smollm2-135m-cpu` was measured this way.
+  (`minibatch.tools.calibrate`). The shipped profile `smollm2-135m-cpu` was measured this way.
 - `RooflineCostModel`, MODELLED: for hardware you do not have (an H100-class GPU, a phone).
   A step costs its overhead plus the longer of its compute time (FLOPs / peak FLOP/s) and its
   memory time (bytes moved / bandwidth). No such machine was measured: these are estimates.

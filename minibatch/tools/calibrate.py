@@ -131,7 +131,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--new-tokens", type=int, default=8, help="tokens each request decodes")
     parser.add_argument("--repeats", type=int, default=3, help="times each batch runs (the median is kept)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads while measuring (default: torch's)")
-    parser.add_argument("--cpu-time", action="store_true", help="time steps by CPU time, not wall clock (shared machines)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time steps by CPU time, not wall clock (shared machines)")
     parser.add_argument("--name", default=None, help="profile name (default: model and host name)")
     parser.add_argument("--out", default="profile.json", help="where to write the profile JSON")
 
