@@ -7,7 +7,9 @@
 The engine is built as `EngineConfig()` builds it by default (device, dtype, threads and kernels
 all "auto"), with room for 64 sequences of 1024 tokens. Decode steps of 1 to 64 sequences at a
 short and a long context, and prefill steps of one prompt of 8 to 512 tokens, are timed in
-interleaved rounds (`analysis.step_timing`); each shape keeps its median. `sim.fit` fits the banded
+interleaved rounds (`analysis.step_timing`); each shape keeps its median. A step is timed on the
+wall clock, or, when the engine runs on one thread (what it picks on a machine whose other core is
+busy), in the CPU time of the process: what the step takes on an idle core, whatever else runs. `sim.fit` fits the banded
 cost model (`sim.stepcost`) to them, and the error table shows, for every batch size and context,
 the measured step, the model's and the error. The profile records what it was measured on (CPU,
 threads, kernels, dtype, torch, date) and the fingerprint of the engine code (`sim.fingerprint`).
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from minibatch.analysis.step_timing import (CONTEXTS, DECODE_BATCHES, PREFILL_LENS, StepTimer, fixed_seconds,
+from minibatch.analysis.step_timing import (CONTEXTS, DECODE_BATCHES, PREFILL_LENS, TIMERS, StepTimer, fixed_seconds,
                                            measure_grid)
 from minibatch.config import EngineConfig
 from minibatch.engine.kernels.gemv_blocks_cpu import BLOCK_ROWS, CHUNKED_ROWS
@@ -59,17 +61,17 @@ def machine(timer: StepTimer) -> dict:
 
 
 def calibrate(model: str = "smollm2-135m", rounds: int = 5, name: str | None = None, use_tqdm: bool = True,
-              batches=DECODE_BATCHES, contexts=CONTEXTS, prefill_lens=PREFILL_LENS) -> dict:
+              batches=DECODE_BATCHES, contexts=CONTEXTS, prefill_lens=PREFILL_LENS, timer: str = "auto") -> dict:
     """Measure, fit and describe: a profile dict ready for `save_profile` and `EngineConfig(sim_profile=...)`."""
     start = time.perf_counter()
-    timer = StepTimer(model, max(batches), max(contexts))
+    timer = StepTimer(model, max(batches), max(contexts), timer=timer)
     points = measure_grid(timer, batches, contexts, prefill_lens, rounds=rounds, use_tqdm=use_tqdm)
     fitted = fit_banded(points, ROW_BANDS, fixed_seconds(timer))
-    about = machine(timer)
+    about = machine(timer) | {"timer": "CPU time of the process" if timer.timer == "cpu" else "wall clock"}
     return {
         "name": name or EngineConfig.sim_profile, "kind": "measured",
         "description": f"MEASURED: {model}, {about['dtype']}, attention {about['attention_backend']!r}, "
-                       f"{about['threads']} threads of a {about['processor']} ({about['cpus']} CPUs), wall clock, "
+                       f"{about['threads']} thread(s) of a {about['processor']} ({about['cpus']} CPUs), {about['timer']}, "
                        f"medians of {rounds} interleaved rounds; fitted by `python -m minibatch calibrate`",
         "model": model, "date": datetime.date.today().isoformat(), "machine": about,
         "engine_fingerprint": engine_fingerprint(), "rounds": rounds,
@@ -119,6 +121,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default=None, help="where to write the profile JSON (default: your own profile "
                                                     f"in the model cache, {own_profile_dir()}/)")
     parser.add_argument("--write-shipped", action="store_true", help=f"write the course's shipped profile {SHIPPED}")
+    parser.add_argument("--timer", choices=TIMERS, default="auto",
+                        help="'wall' clock, 'cpu' time of the process (an idle core's time, for an engine on one "
+                             "thread of a busy machine) or 'auto' (cpu when the engine runs on one thread)")
     parser.add_argument("--show", nargs="?", const=EngineConfig.sim_profile, default=None, metavar="PROFILE",
                         help="print the error table of a profile (default: the one chapters use) and exit")
 
@@ -132,7 +137,7 @@ def main(args) -> int:
     else:
         default_name = EngineConfig.sim_profile if args.model == EngineConfig.model else f"{args.model}-cpu"
         out = Path(args.out) if args.out else own_profile_dir() / f"{default_name}.json"
-    profile = calibrate(args.model, args.rounds, name=out.stem)
+    profile = calibrate(args.model, args.rounds, name=out.stem, timer=args.timer)
     save_profile(profile, out)
     print(report(profile))
     print(f"measured and fitted in {profile['measure_seconds']:.0f} s; saved {out}")

@@ -14,6 +14,7 @@ median of its rounds.
 """
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -27,17 +28,25 @@ from minibatch.sim.costmodel import StepShape
 DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # decode steps: sequences per step
 CONTEXTS = (64, 1024)                                           # decode steps: tokens each sequence holds
 PREFILL_LENS = (8, 16, 32, 48, 64, 128, 256, 512)             # prefill steps: one prompt of each length
+TIMERS = ("auto", "wall", "cpu")
 
 
 class RecordingClock(RealClock):
-    """A real (wall) clock that remembers the shape and start of every step it is charged for."""
+    """A real clock that remembers the shape and start of every step it is charged for. Its `timer` is
+    time.perf_counter (wall clock) or time.process_time (the CPU time of this process); the wall-clock
+    start of every step is kept as well."""
 
-    def __init__(self):
+    def __init__(self, timer=time.perf_counter):
+        self.timer = timer
         super().__init__()
-        self.steps: list[tuple[StepShape, float]] = []
+        self._origin = timer()
+        self.steps: list[tuple[StepShape, float, float]] = []     # (shape, start on the timer, wall start)
+
+    def now(self) -> float:
+        return self.timer() - self._origin
 
     def charge_step(self, plan, start: float) -> float:
-        self.steps.append((StepShape.of(plan), start))
+        self.steps.append((StepShape.of(plan), start, time.perf_counter()))
         return super().charge_step(plan, start)
 
 
@@ -62,9 +71,13 @@ class StepTimer:
     """An engine as EngineConfig() configures it by default, with room for the largest grid shape."""
 
     def __init__(self, model: str = "smollm2-135m", max_batch: int = max(DECODE_BATCHES),
-                 max_context: int = max(CONTEXTS), decode_steps: int = 3):
+                 max_context: int = max(CONTEXTS), decode_steps: int = 3, timer: str = "auto"):
+        """`timer`: "wall", "cpu" (CPU time of the process: what a step would take on an idle core, exact for
+        an engine on one thread) or "auto" (CPU time when the engine runs on one thread, else wall clock)."""
         from minibatch.llm import LLM   # here, so that importing this module stays light
 
+        if timer not in TIMERS:
+            raise ValueError(f"timer={timer!r} is not allowed: one of {', '.join(map(repr, TIMERS))}")
         self.clock, self.decode_steps = RecordingClock(), decode_steps
         self.outside_model: list[tuple[int, float]] = []                      # (decode rows, seconds)
         need = max_batch * (max_context + decode_steps + 2)                   # tokens in the cache at once
@@ -73,6 +86,9 @@ class StepTimer:
                                     num_kv_blocks=need // block + 2 * max_batch), clock=self.clock)
         engine = self.llm.engine
         self.runner = engine.runner = SkipPrefill(engine.runner, engine.model.vocab_size)
+        self.timer = "cpu" if timer == "cpu" or (timer == "auto" and engine.cpu_threads == 1) else "wall"
+        if self.timer == "cpu":
+            engine.clock = self.clock = RecordingClock(time.process_time)
         self.rng = np.random.default_rng(0)
         self._run([[1] * 8], 2)                                             # warm-up, not measured
 
@@ -82,10 +98,12 @@ class StepTimer:
         self.clock.steps.clear()
         self.llm.generate(prompts, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True), use_tqdm=False)
         steps, records = self.clock.steps, self.llm.engine.step_records[-len(self.clock.steps):]
-        timed = [(shape, nxt - start) for (shape, start), (_, nxt) in zip(steps, steps[1:])]
-        for (shape, seconds), record in zip(timed, records):
-            if shape.prefill_tokens == 0:
-                self.outside_model.append((shape.decode_seqs, seconds - record.phase_times.get("model", 0.0)))
+        timed = [(shape, nxt - start) for (shape, start, _), (_, nxt, _) in zip(steps, steps[1:])]
+        walls = [nxt - start for (*_, start), (*_, nxt) in zip(steps, steps[1:])]
+        for (shape, seconds), wall, record in zip(timed, walls, records):
+            if shape.prefill_tokens == 0:                  # the share of the step outside the model, on this timer
+                outside = 1.0 - record.phase_times.get("model", 0.0) / wall
+                self.outside_model.append((shape.decode_seqs, max(outside, 0.0) * seconds))
         self.llm.engine.forget_old_steps(keep=64)
         return timed
 
