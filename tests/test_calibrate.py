@@ -2,6 +2,8 @@
 for, a profile records what it measured and loads as a cost model, and the trial reports every request."""
 import argparse
 
+import pytest
+
 from minibatch.analysis.calibrate import calibrate, main, report
 from minibatch.analysis.step_timing import StepTimer, step_ratios
 from minibatch.analysis.timeout_trial import timeout_trial, ttft_within_bound
@@ -19,6 +21,13 @@ def test_decode_steps_are_timed_at_the_context_asked_for_without_computing_the_p
     assert [s.prefill_tokens for s, _ in timer.prefill(16)] == [16]
     ratios, first = step_ratios(timer, batches=(1, 2), context=16, rounds=1)
     assert ratios[1] == 1.0 and first > 0 and set(ratios) == {1, 2}
+
+
+def test_the_timer_is_cpu_time_on_one_thread_and_a_bad_one_is_refused():
+    assert StepTimer("tiny", max_batch=2, max_context=16, timer="cpu").timer == "cpu"
+    assert StepTimer("tiny", max_batch=2, max_context=16, timer="wall").timer == "wall"
+    with pytest.raises(ValueError, match="timer='gpu'"):
+        StepTimer("tiny", max_batch=2, max_context=16, timer="gpu")
 
 
 def test_a_calibrated_profile_says_what_it_measured_and_loads(tmp_path, capsys):

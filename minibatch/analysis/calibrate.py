@@ -34,7 +34,11 @@ from minibatch.sim.costmodel import PROFILE_DIR, StepShape, cost_model, load_pro
 from minibatch.sim.fingerprint import RECALIBRATE, engine_fingerprint
 from minibatch.sim.fit import decode_table, fit_banded, fit_errors, prefill_table
 
-ROW_BANDS = tuple(sorted({BLOCK_ROWS, CHUNKED_ROWS, STREAM_ROWS}))   # where the products switch paths
+# where the products switch paths (`engine.kernels.gemv_cpu`): the streamed loop takes up to BLOCK_ROWS rows,
+# except that three rows are padded to four, which are blocks when BLOCK_ROWS is 3; blocks of four rows take
+# columns in chunks up to CHUNKED_ROWS rows; oneDNN's GEMM runs above STREAM_ROWS
+STREAMED_ROWS = BLOCK_ROWS - 1 if BLOCK_ROWS % 4 == 3 else BLOCK_ROWS
+ROW_BANDS = tuple(sorted({STREAMED_ROWS, CHUNKED_ROWS, STREAM_ROWS}))
 SHIPPED = PROFILE_DIR / f"{EngineConfig.sim_profile}.json"
 
 

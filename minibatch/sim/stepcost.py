@@ -98,3 +98,10 @@ def decode_step_ratios(model: CostModel, batches=(1, 2, 4, 8, 16), context: int 
     """step(b) / step(smallest b) of decode steps, as a cost model predicts them."""
     first = model.step_time(decode_shape(min(batches), context))
     return {b: model.step_time(decode_shape(b, context)) / first for b in batches}
+
+
+def decode_capacity(model: CostModel, batch: int, new_tokens: float, context: int = 64) -> float:
+    """Requests per second that full decode steps of `batch` sequences sustain when every request decodes
+    `new_tokens` tokens at about `context` tokens: batch / (new_tokens x step). Prefill is left out, so a
+    real server serves a little less: a rate above this overloads it whatever its machine."""
+    return batch / (new_tokens * model.step_time(decode_shape(batch, context)))
