@@ -78,3 +78,17 @@ def test_error_table_groups_by_batch_and_context_and_computes_the_error():
 def test_a_banded_profile_round_trips_through_cost_model():
     profile = {"kind": "measured", "row_bands": list(BANDS), "coefficients": KNOWN.coefficients()}
     assert cost_model(profile) == KNOWN
+
+
+def test_rows_in_blocks_of_four_cost_whole_blocks_and_are_recovered():
+    grouped = BandedCostModel(**{**KNOWN.__dict__, "row_groups": (1, 4, 4, 1)})
+    assert grouped.terms(decode(4, 64))["compute"] == pytest.approx(0.004 + 0.0009)       # one block of four
+    assert grouped.terms(decode(5, 64))["compute"] == grouped.terms(decode(8, 64))["compute"] == \
+        pytest.approx(0.004 + 2 * 0.0009)                              # rows 5 to 8: two blocks
+    assert grouped.terms(prefill(100))["compute"] == pytest.approx(0.030 + 100 * 0.0004)   # oneDNN: row by row
+    points = [(s, grouped.step_time(s)) for s in grid()]
+    fitted = fit_banded(points, BANDS, fixed_s=0.002, row_groups=(1, 4, 4, 1))
+    assert fitted.row_groups == (1, 4, 4, 1)
+    assert all(fitted.step_time(s) == pytest.approx(t, rel=1e-6) for s, t in points)
+    assert cost_model({"kind": "measured", "row_bands": list(BANDS), "row_groups": [1, 4, 4, 1],
+                       "coefficients": grouped.coefficients()}) == grouped

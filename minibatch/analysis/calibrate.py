@@ -39,6 +39,9 @@ from minibatch.sim.fit import decode_table, fit_banded, fit_errors, prefill_tabl
 # columns in chunks up to CHUNKED_ROWS rows; oneDNN's GEMM runs above STREAM_ROWS
 STREAMED_ROWS = BLOCK_ROWS - 1 if BLOCK_ROWS % 4 == 3 else BLOCK_ROWS
 ROW_BANDS = tuple(sorted({STREAMED_ROWS, CHUNKED_ROWS, STREAM_ROWS}))
+BLOCK = 4   # rows in a block of the blocks path: its cost steps every four rows (three cost four)
+ROW_GROUPS = tuple(BLOCK if STREAMED_ROWS <= low and high <= STREAM_ROWS else 1
+                   for low, high in zip((0, *ROW_BANDS), (*ROW_BANDS, float("inf"))))
 SHIPPED = PROFILE_DIR / f"{EngineConfig.sim_profile}.json"
 
 
@@ -70,7 +73,7 @@ def calibrate(model: str = "smollm2-135m", rounds: int = 5, name: str | None = N
     start = time.perf_counter()
     timer = StepTimer(model, max(batches), max(contexts), timer=timer)
     points = measure_grid(timer, batches, contexts, prefill_lens, rounds=rounds, use_tqdm=use_tqdm)
-    fitted = fit_banded(points, ROW_BANDS, fixed_seconds(timer))
+    fitted = fit_banded(points, ROW_BANDS, fixed_seconds(timer), ROW_GROUPS)
     about = machine(timer) | {"timer": "CPU time of the process" if timer.timer == "cpu" else "wall clock"}
     return {
         "name": name or EngineConfig.sim_profile, "kind": "measured",
@@ -80,7 +83,8 @@ def calibrate(model: str = "smollm2-135m", rounds: int = 5, name: str | None = N
         "model": model, "date": datetime.date.today().isoformat(), "machine": about,
         "engine_fingerprint": engine_fingerprint(), "rounds": rounds,
         "measure_seconds": round(time.perf_counter() - start, 1),
-        "row_bands": list(fitted.row_bands), "coefficients": fitted.coefficients(),
+        "row_bands": list(fitted.row_bands), "row_groups": list(fitted.row_groups),
+        "coefficients": fitted.coefficients(),
         "fit": fit_errors(fitted, points),
         "measured_steps": {"fields": [*(f.name for f in fields(StepShape)), "seconds"],
                            "rows": [[*astuple(s), t] for s, t in points]},

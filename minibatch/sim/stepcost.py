@@ -29,6 +29,13 @@ def band_of(rows: int, row_bands: tuple[int, ...]) -> int:
     return bisect_left(row_bands, rows)
 
 
+def grouped_rows(rows: int, band: int, row_groups: tuple[int, ...]) -> int:
+    """Rows as the band's products take them: groups of row_groups[band] rows, a partial group counting whole
+    (three rows in blocks of four cost four)."""
+    group = row_groups[band] if row_groups else 1
+    return -(-rows // group)
+
+
 SCALAR_TERMS = ("fixed_s", "weights_s", "per_sampled_row_s", "per_kv_token_s", "per_attention_pair_s")
 
 
@@ -40,17 +47,19 @@ class BandedCostModel(CostModel):
     weights_s: float                  # per step inside the model at one row: every weight read once
     row_bands: tuple[int, ...]        # the last row count of each band but the last (which is open)
     band_step_s: tuple[float, ...]    # per band: a step in it costs this more than the first band's line
-    per_row_s: tuple[float, ...]      # per band: each token row through every layer's products
+    per_row_s: tuple[float, ...]      # per band: each token row (or group of rows) through every layer's products
     per_sampled_row_s: float          # each sampling row through the LM head
     per_kv_token_s: float             # each cached token a sequence's queries read
     per_attention_pair_s: float       # each (query, key) pair: a prompt's rows each attend to all keys before them
+    row_groups: tuple[int, ...] = ()  # per band: rows the products take together (4: blocks of four rows); () all 1
     kind = "measured"
 
     def __post_init__(self):
         bands = len(self.row_bands) + 1
-        if len(self.band_step_s) != bands or len(self.per_row_s) != bands:
-            raise ValueError(f"BandedCostModel: {len(self.row_bands)} row_bands make {bands} bands, but "
-                             f"band_step_s has {len(self.band_step_s)} and per_row_s {len(self.per_row_s)}")
+        if len(self.band_step_s) != bands or len(self.per_row_s) != bands or len(self.row_groups) not in (0, bands):
+            raise ValueError(f"BandedCostModel: {len(self.row_bands)} row_bands make {bands} bands, but band_step_s "
+                             f"has {len(self.band_step_s)}, per_row_s {len(self.per_row_s)} and row_groups "
+                             f"{len(self.row_groups)} (or none)")
 
     def band(self, rows: int) -> int:
         return band_of(rows, self.row_bands)
@@ -65,7 +74,7 @@ class BandedCostModel(CostModel):
         rows = shape.prefill_tokens + shape.decode_seqs
         band = self.band(rows)
         return {"fixed": self.fixed_s, "weights": self.weights_s,
-                "compute": self.band_step_s[band] + self.per_row_s[band] * rows,
+                "compute": self.band_step_s[band] + self.per_row_s[band] * grouped_rows(rows, band, self.row_groups),
                 "lm_head": self.per_sampled_row_s * shape.sampled_rows,
                 "kv_read": self.per_kv_token_s * shape.kv_tokens_read,
                 "attention": self.per_attention_pair_s * shape.attention_pairs}
@@ -84,6 +93,7 @@ class BandedCostModel(CostModel):
     def from_profile(cls, profile: dict) -> "BandedCostModel":
         c, bands = profile["coefficients"], tuple(int(b) for b in profile["row_bands"])
         return cls(**{name: float(c[name]) for name in SCALAR_TERMS}, row_bands=bands,
+                   row_groups=tuple(int(g) for g in profile.get("row_groups", ())),
                    band_step_s=tuple(float(c[f"band{i}_step_s"]) for i in range(len(bands) + 1)),
                    per_row_s=tuple(float(c[f"band{i}_per_row_s"]) for i in range(len(bands) + 1)))
 
