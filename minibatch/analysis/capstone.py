@@ -12,7 +12,7 @@ The rules: each class has its own SLA (`SLAS`); at least `TARGET` of each class'
 every limit of their SLA; the KV cache may take at most `KV_BUDGET_BYTES`.
 
 `score(config)` serves the workload with `config` on the simulated clock without the model, on a
-fixed reference machine (the profile `capstone-reference`: the course's first engine on one thread
+fixed reference machine (the profile `first-engine-cpu`: the course's first engine on one thread
 of a 2-core laptop, for which the workload and the SLAs were set), so a score is deterministic, the
 same for everyone whatever their laptop or engine version, and takes about a second; `evaluate` scores
 any run of these requests, e.g. one measured on the real model. The simulated clock does not model
@@ -37,7 +37,7 @@ KV_BUDGET_BYTES = 24 << 20          # the KV cache's memory on this laptop: 24 M
 CHAT_KINDS = ("question", "instruction", "creative", "code", "maths", "rewrite", "classify", "opinion")
 BURSTS = ((40.0, 20), (110.0, 20))  # (seconds, chat requests arriving together at about 6 per second)
 CONFIRM_WINDOW = (40.0, 43.0)       # the slice served on the real model: most of the first burst
-PROFILE = "capstone-reference"      # the simulated machine every score runs on (see above)
+PROFILE = "first-engine-cpu"      # the simulated machine every score runs on (see above)
 
 
 def workload() -> tuple[list[WorkloadRequest], list[str]]:
