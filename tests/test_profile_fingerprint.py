@@ -21,7 +21,7 @@ def test_shipped_profile_was_measured_on_this_engine_code():
     assert shipped.get("engine_fingerprint") == engine_fingerprint(), (
         f"the engine code changed since {SHIPPED.name} was measured (fingerprint "
         f"{shipped.get('engine_fingerprint')} in the profile, {engine_fingerprint()} now): the simulated clock "
-        f"no longer times this engine. Recalibrate with `{RECALIBRATE}` (about 2 minutes on a quiet 2-core "
+        f"no longer times this engine. Recalibrate with `{RECALIBRATE}` (2 to 3 minutes on a quiet 2-core "
         f"laptop; run it with nothing else busy) and commit the rewritten {SHIPPED.name}")
 
 

@@ -78,7 +78,7 @@ def calibrate(model: str = "smollm2-135m", rounds: int = 5, name: str | None = N
     return {
         "name": name or EngineConfig.sim_profile, "kind": "measured",
         "description": f"MEASURED: {model}, {about['dtype']}, attention {about['attention_backend']!r}, "
-                       f"{about['threads']} thread(s) of a {about['processor']} ({about['cpus']} CPUs), {about['timer']}, "
+                       f"{about['threads']} thread(s) of {about['processor']} ({about['cpus']} CPUs), {about['timer']}, "
                        f"medians of {rounds} interleaved rounds; fitted by `python -m minibatch calibrate`",
         "model": model, "date": datetime.date.today().isoformat(), "machine": about,
         "engine_fingerprint": engine_fingerprint(), "rounds": rounds,
