@@ -10,16 +10,16 @@ import importlib
 import sys
 
 COMMANDS = {
-    "prepare": ("minibatch.analysis.prepare", "convert the default model (SmolLM2-135M-Instruct) into the cache once"),
+    "prepare": ("minibatch.tools.prepare", "convert the default model (SmolLM2-135M-Instruct) into the cache once"),
     "demo": ("minibatch.bench.demo", "one workload on the default SLM, static vs continuous batching, side by side"),
-    "calibrate": ("minibatch.analysis.calibrate", "measure this machine and fit the simulated clock's cost model"),
+    "calibrate": ("minibatch.tools.calibrate", "measure this machine and fit the simulated clock's cost model"),
     "bench": ("minibatch.bench.suite", "minibatch against its peers on the same model, workload and machine"),
     "serve": ("minibatch.serving.server", "an OpenAI-compatible HTTP server"),
     "loadtest": ("minibatch.serving.loadtest", "replay a workload against any OpenAI-compatible server"),
-    "profile": ("minibatch.analysis.profiler", "where a decode step's time goes, part by part, at a few batch sizes"),
+    "profile": ("minibatch.tools.profile", "where a decode step's time goes, part by part, at a few batch sizes"),
     "prefix": ("minibatch.bench.prefix", "TTFT, prefill tokens and tokens/s with prefix caching on and off"),
     "speculate": ("minibatch.bench.speculative", "one user's tokens/s with and without each speculative proposer"),
-    "doctor": ("minibatch.analysis.doctor", "preflight before a workshop: is this machine ready for the course?"),
+    "doctor": ("minibatch.tools.doctor", "preflight before a workshop: is this machine ready for the course?"),
 }
 
 

@@ -18,6 +18,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_LAYOUTS = ("paged", "contiguous")
 ATTENTION_BACKENDS = ("auto", "torch", "numba", "numba-cuda")
+KERNELS = ("auto", "reference", "fast")
 CLOCKS = ("real", "simulated")
 SPECULATIVE_METHODS = (None, "ngram", "draft", "layer_skip")
 SCHEDULING_POLICIES = ("fcfs", "priority", "shortest_prompt")
@@ -55,7 +56,9 @@ class EngineConfig:
     max_model_len: int | None = knob(None, "longest prompt + output; None takes the model's context, capped at 4096")
     quantization: str | None = knob(None, "weight format on CPU: None (fp32), 'q8_0' (8-bit blocks quantised at load), "
                                           "'q4_1' (the smollm2-135m GGUF file's own 4-bit blocks)")
-    attention_backend: str = knob("auto", "'auto' ('numba' on a CPU in float32 or bfloat16, else 'torch'), 'torch' "
+    kernels: str = knob("auto", "'reference' (plain torch: the path to read first, any device and dtype), 'fast' "
+                                "(compiled CPU kernels, float32 or bfloat16), 'auto' ('fast' where it applies)")
+    attention_backend: str = knob("auto", "'auto' ('numba' on the fast path, 'torch' on the reference path), 'torch' "
                                           "(the readable reference), 'numba' (CPU kernels), 'numba-cuda' (GPU kernels)")
     clock: str = knob("real", "'real' wall-clock time; 'simulated' time from a cost model")
     sim_profile: str = knob("smollm2-135m-cpu", "clock='simulated': the cost model, a profile name or a JSON path; "
@@ -117,6 +120,7 @@ class EngineConfig:
                   "the paged layout (a contiguous reservation belongs to one request); use kv_layout='paged'")
         if self.max_model_len is not None:
             check_int(owner, "max_model_len", self.max_model_len, 2)
+        check_choice(owner, "kernels", self.kernels, KERNELS)
         check_choice(owner, "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         check_choice(owner, "quantization", self.quantization, QUANTIZATIONS)
         check_choice(owner, "clock", self.clock, CLOCKS)
@@ -235,15 +239,10 @@ class SamplingParams:
             fail(owner, "logprobs", self.logprobs, f"None, or an integer in [0, {MAX_LOGPROBS}] (top log-probabilities per token)")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             fail(owner, "priority", self.priority, "an integer")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def penalised(self) -> bool:
-        """Whether any penalty changes the logits (they need the request's token history)."""
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        # What the sampler asks of a request at every step, decided once (attributes, not fields):
+        self.greedy = self.temperature == 0.0          # argmax, nothing drawn
+        self.penalised = (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                          or self.frequency_penalty != 0.0)   # penalties need the request's token history
 
     def for_sample(self, index: int) -> "SamplingParams":
         """The params of the index-th of n continuations: one sample each; a seeded request's i-th gets seed + i (vLLM)."""

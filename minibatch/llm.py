@@ -6,7 +6,9 @@ simulator, the workloads it serves and the run report it returns.
 
 `generate` hands every prompt to the engine at once and steps until all are done. `run` serves a
 workload whose requests arrive over time: each is added when the clock reaches its arrival, and
-an engine with nothing to do sleeps until the next arrival or batching deadline.
+an engine with nothing to do sleeps until the next arrival or batching deadline. With
+`arrival=ClosedLoop(users, think_s)` the requests go out in order instead, each user sending the next
+once answered (and a think time later).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from minibatch.engine.records import RequestMetrics
 from minibatch.engine.request import Request
 from minibatch.engine.tokens import is_chat
 from minibatch.sim.parts import simulated_parts
-from minibatch.workloads import WorkloadRequest
+from minibatch.workloads import ClosedLoop, WorkloadRequest
 
 
 def make_engine(config: EngineConfig, clock=None, plugins: Plugins | None = None) -> LLMEngine:
@@ -128,10 +130,15 @@ class LLM:
         chats = [messages] if is_chat(messages) else messages
         return self.generate(list(chats), sampling_params, use_tqdm)
 
-    def run(self, workload: list[WorkloadRequest], use_tqdm: bool = True) -> RunReport:
-        """Serve requests arriving over time (arrival_s after the start) and report what happened."""
+    def run(self, workload: list[WorkloadRequest], use_tqdm: bool = True, arrival: ClosedLoop | None = None
+            ) -> RunReport:
+        """Serve requests arriving over time (arrival_s after the start) and report what happened; with
+        `arrival=ClosedLoop(...)`, served in order by that many users instead (their arrival_s ignored)."""
         if not workload or not all(isinstance(w, WorkloadRequest) for w in workload):
             raise ConfigError("workload is not allowed: pass a non-empty list of WorkloadRequest")
+        if arrival is not None and not isinstance(arrival, ClosedLoop):
+            raise ConfigError(f"arrival={arrival!r} is not allowed: None (each request at its arrival_s) or "
+                              "ClosedLoop(users, think_s); draw arrival times with make_workload(..., arrival=...)")
         _, ids, params = self._encode_all([w.prompt for w in workload], [w.params for w in workload], field="workload")
         several = next((p.n for p in params if p.n != 1), None)
         if several:
@@ -140,8 +147,10 @@ class LLM:
         engine = self.engine
         first_step, start = len(engine.step_records), engine.clock.now()
         with tqdm(total=len(workload), desc=f"run ({self.config.scheduler})", unit="req", disable=not use_tqdm) as bar:
-            arrivals = TimedArrivals([(w.arrival_s, prompt_ids, p) for w, prompt_ids, p in zip(workload, ids, params)],
-                                     start, on_step=lambda finished: bar.update(len(finished)))
+            items = [(w.arrival_s, prompt_ids, p) for w, prompt_ids, p in zip(workload, ids, params)]
+            on_step = lambda finished: bar.update(len(finished))
+            arrivals = (TimedArrivals(items, start, on_step) if arrival is None
+                        else arrival.arrivals(items, start, on_step))
             engine.serve(arrivals)
         requests = arrivals.requests
         metrics = [RequestMetrics.of(requests[i]) for i in range(len(workload))]

@@ -22,7 +22,7 @@ from minibatch import LLM, EngineConfig
 from minibatch.analysis.sla import SLA, evaluate
 from minibatch.bench.measure import Quiet
 from minibatch.serving import loadtest
-from minibatch.serving.peers import VllmServer, vllm_executable
+from minibatch.bench.peers.vllm_server import VllmServer, vllm_executable
 from minibatch.serving.scrape import scrape
 from minibatch.serving.server import ServerProcess
 from minibatch.workloads import make_workload

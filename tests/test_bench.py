@@ -8,8 +8,8 @@ from minibatch.__main__ import main as cli
 from minibatch.bench import measure, report, roofline
 from minibatch.bench.suite import SYSTEM_NAMES, Scale, run_bench
 from minibatch.bench.check import compare, reference_outputs
-from minibatch.bench.peers import HFContinuous, HFGenerate
-from minibatch.bench.systems import Minibatch, System
+from minibatch.bench.peers.hf import HFContinuous, HFGenerate
+from minibatch.bench.peers.systems import Minibatch, System
 from minibatch.bench.workloads import BenchWorkload
 from minibatch.bench.workloads import offline_workload
 
@@ -194,7 +194,7 @@ def test_roofline_arithmetic(tiny_hf):
 
 
 def test_saturating_batch_is_the_knee_of_the_roofline():
-    from minibatch.bench.roofline import balance, saturating_batch
+    from minibatch.analysis.roofline import balance, saturating_batch
     from minibatch.sim.costmodel import ModelSize, RooflineCostModel
     from minibatch.engine.models.tiny import tiny_config
     size, context = ModelSize.of(tiny_config()), 64

@@ -8,9 +8,10 @@ import time
 import psutil
 import pytest
 
-from minibatch.bench import external, report, results as shipped
+from minibatch.bench import report, results as shipped
+from minibatch.bench.peers import external
 from minibatch.bench.check import Reference, compare
-from minibatch.bench.external import RUNNERS, ExternalSystem, LlamaCpp, VllmCpu
+from minibatch.bench.peers.external import RUNNERS, ExternalSystem, LlamaCpp, VllmCpu
 from minibatch.bench.suite import run_bench
 from minibatch.bench.workloads import Scale
 

@@ -4,9 +4,9 @@ import argparse
 
 import pytest
 
-from minibatch.analysis.calibrate import calibrate, main, report
-from minibatch.analysis.step_timing import StepTimer, step_ratios
-from minibatch.analysis.timeout_trial import timeout_trial, ttft_within_bound
+from minibatch.tools.calibrate import calibrate, main, report
+from minibatch.tools.step_timing import StepTimer, step_ratios
+from minibatch.tools.timeout_trial import timeout_trial, ttft_within_bound
 from minibatch.sim.costmodel import cost_model, save_profile
 from minibatch.sim.fingerprint import engine_fingerprint
 from minibatch.sim.stepcost import BandedCostModel

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from minibatch import EngineConfig
-from minibatch.analysis import capstone
+from minibatch.tools import capstone
 from minibatch.checks import check_capstone
 from minibatch.config import ConfigError
 from minibatch.analysis.memory import KVShape

@@ -83,7 +83,7 @@ def test_burst_lab_checker_catches_planted_mistakes(answer, words):
 
 
 def test_burst_lab_has_an_answer_that_neither_the_default_nor_prefill_first_meets():
-    from minibatch.analysis.burst import BURST_BASE, BURST_LIMITS, burst_score
+    from minibatch.tools.burst import BURST_BASE, BURST_LIMITS, burst_score
     assert check_burst_lab(lambda base: replace(base, max_tokens_per_step=256)).solved
     gap_limit = BURST_LIMITS[("chat", "longest_gap_s")]
     for budget in (64, 256, 2048):

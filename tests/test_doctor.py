@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from minibatch.analysis import course_memory, doctor
+from minibatch.analysis import course_memory
+from minibatch.tools import doctor
 
 Usage = namedtuple("Usage", "total used free")
 

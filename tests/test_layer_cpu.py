@@ -6,16 +6,18 @@ import pytest
 
 from minibatch import LLM, EngineConfig, SamplingParams
 from minibatch.engine.kernels import (bfloat16, fused_cpu, gemv_blocks_cpu, gemv_cpu, lanes, lanes16, layer_cpu,
-                                     numba_cpu, quantized_groups_numba, quantized_numba, torch_ref)
-from minibatch.engine.kernels.gemv_cpu import STREAM_ROWS
+                                     numba_cpu, quantized_groups_numba, quantized_numba)
+from minibatch.engine.ops.crossover import STREAM_ROWS
 from minibatch.engine.kernels.stale_cache import digest, forget_stale
 
 PROMPTS = ["The cat sat on", "Once upon a time, in a land far away,", "1, 2, 3,", "Paris is the capital of"]
 
 
 def _engine(whole_layers: bool, **config):
+    """The fast path; whole_layers=False runs its layers part by part (the same kernels), as it does for steps
+    whose products or attention the compiled layer cannot run."""
     llm = LLM(EngineConfig(**{"model": "tiny", "max_batch_size": 8, "max_model_len": 128, **config}))
-    llm.engine.model.whole_layers = whole_layers
+    llm.engine.ops.whole_layers = whole_layers
     return llm
 
 
@@ -49,7 +51,7 @@ def test_bfloat16_layers_compute_what_their_parts_compute(model, monkeypatch):
     """bfloat16 runs the same compiled layer (its arrays as bits): the same tokens, log-probabilities within
     SiLU's rounding (torch's exp and the kernel's round a few values to neighbouring bfloat16s)."""
     whole, parts = (_engine(flag, model=model, dtype="bfloat16") for flag in (True, False))
-    assert whole.engine.attention_backend == "numba" and whole.engine.model.fused
+    assert whole.engine.attention_backend == "numba" and whole.engine.kernels == "fast"
     rows = _same_tokens_and_log_probabilities(whole, parts, monkeypatch, PROMPTS[:3], tokens=8, atol=0.05)
     assert 3 in rows and max(rows) <= STREAM_ROWS
 
@@ -58,30 +60,41 @@ def test_bfloat16_layers_compute_what_their_parts_compute(model, monkeypatch):
 def test_quantized_layers_compute_what_their_parts_compute(model, quantization, monkeypatch):
     """q8_0 and q4_1 blocks run through the same compiled layer, with their own products."""
     whole, parts = (_engine(flag, model=model, quantization=quantization) for flag in (True, False))
-    assert whole.engine.model.layers[0]["qkv"].path == f"{quantization}-numba"
+    assert whole.engine.model.layers[0]["qkv"].format == quantization
     rows = _same_tokens_and_log_probabilities(whole, parts, monkeypatch, PROMPTS[:2], tokens=8)
     assert 2 in rows and max(rows) <= STREAM_ROWS
 
 
 def test_only_steps_of_a_few_rows_with_the_numba_backend_and_compiled_products_take_it():
-    model = _engine(True).engine.model
-    assert layer_cpu.applies(model.layers, 1, numba_cpu) and layer_cpu.applies(model.layers, STREAM_ROWS, numba_cpu)
-    assert not layer_cpu.applies(model.layers, STREAM_ROWS + 1, numba_cpu)     # more rows: oneDNN's products
-    assert not layer_cpu.applies(model.layers, 0, numba_cpu)
-    assert not layer_cpu.applies(model.layers, 1, torch_ref)        # another attention backend
-    quantized = _engine(True, quantization="q8_0").engine.model     # blocks, through the quantised kernels
-    assert layer_cpu.applies(quantized.layers, 1, numba_cpu)
-    assert not layer_cpu.applies(quantized.layers, STREAM_ROWS + 1, numba_cpu)
-    quantized.layers[0]["o"].kernel = "torch"                      # a product the compiled layer cannot run
-    assert not layer_cpu.applies(quantized.layers, 1, numba_cpu)
+    ops, model = (lambda llm: (llm.engine.ops, llm.engine.model))(_engine(True))
+    assert ops.layer_operands(model.layers, 1) and ops.layer_operands(model.layers, STREAM_ROWS)
+    assert ops.layer_operands(model.layers, STREAM_ROWS + 1) is None     # more rows: oneDNN's products
+    assert ops.layer_operands(model.layers, 0) is None
+    torch_attention = LLM(EngineConfig(model="tiny", max_model_len=128, attention_backend="torch")).engine
+    assert torch_attention.kernels == "fast"                               # another attention backend: part by part
+    assert torch_attention.ops.layer_operands(torch_attention.model.layers, 1) is None
+    quantized = _engine(True, quantization="q8_0").engine                 # blocks, through the quantised kernels
+    assert quantized.ops.layer_operands(quantized.model.layers, 1)
+    assert quantized.ops.layer_operands(quantized.model.layers, STREAM_ROWS + 1) is None
+    reference = LLM(EngineConfig(model="tiny", max_model_len=128, kernels="reference")).engine
+    assert not hasattr(reference.ops, "layer_operands")                    # the reference never compiles a layer
 
 
-def test_a_profiled_engine_runs_the_parts_it_times():
+def test_a_profiled_engine_runs_the_path_it_reports_and_times_its_parts():
+    """Profiling never switches path: whole compiled layers still run, their parts are timed apart."""
     llm = LLM(EngineConfig(model="tiny", max_model_len=64, profile_steps=True))
-    assert llm.engine.model.whole_layers is False
-    llm.generate(["hello"], SamplingParams(max_new_tokens=3), use_tqdm=False)
+    rows = []
+    run = layer_cpu.run_layers
+    layer_cpu.run_layers = lambda x, *a, **k: rows.append(x.shape[0]) or run(x, *a, **k)
+    try:
+        llm.generate(["hello"], SamplingParams(max_new_tokens=3), use_tqdm=False)
+    finally:
+        layer_cpu.run_layers = run
     record = llm.engine.step_records[-1]
     assert record.phase_times["mlp"] > 0 and record.phase_times["attention"] > 0
+    described = llm.engine.profiler.describe()
+    assert described["kernels"] == "fast" and described["whole_layer_steps"] == len(rows) > 0
+    assert "apart" in described["parts"]
 
 
 def test_a_changed_kernel_file_drops_the_cached_layer(tmp_path, monkeypatch):

@@ -15,6 +15,8 @@ from minibatch.engine.models import (KNOWN_MODELS, ModelShape, load_hf, load_mod
                                      rope_theta)
 from minibatch.engine.models.llama import LlamaModel
 from minibatch.engine.models import loader, smollm2
+from minibatch.engine.kernels import torch_ref
+from minibatch.engine.ops import ReferenceOps
 from minibatch.engine.models.tiny import random_llama, tiny_tokenizer
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -195,7 +197,7 @@ def test_the_weightless_spec_is_the_loaded_model_without_weights(source, tmp_pat
     spec, loaded = load_model_spec(source), load_model(source)
     assert spec.state_dict == {} and spec.eos_token_ids == loaded.eos_token_ids
     assert (spec.tokenizer is None) == (loaded.tokenizer is None)
-    engine_model = LlamaModel(loaded, torch.float32, torch.device("cpu"), max_positions=64)
+    engine_model = LlamaModel(loaded, ReferenceOps(torch_ref), torch.float32, torch.device("cpu"), max_positions=64)
     assert vars(ModelShape(spec.config)) == {k: getattr(engine_model, k) for k in vars(ModelShape(spec.config))}
 
 
@@ -318,7 +320,8 @@ def test_engine_model_counts_parameters_and_step_bytes_like_transformers(tmp_pat
     else:
         name = "tiny"
     hf, _ = load_hf(name)
-    model = LlamaModel(load_model(name), torch.float32, torch.device("cpu"), max_positions=64)
+    model = LlamaModel(load_model(name), ReferenceOps(torch_ref), torch.float32, torch.device("cpu"),
+                       max_positions=64)
     assert model.tied is not untied
     assert model.num_parameters() == hf.num_parameters()
     embedding = hf.get_input_embeddings().weight.numel()

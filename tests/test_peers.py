@@ -4,11 +4,11 @@ absence when vLLM is not installed (CI never installs it)."""
 import pytest
 
 from minibatch.config import EngineConfig
-from minibatch.serving import peers
+from minibatch.bench.peers import vllm_server
 
 
 def test_knobs_map_to_vllm_flags():
-    flags = peers.vllm_flags(EngineConfig(max_batch_size=12, max_tokens_per_step=256, block_size=32,
+    flags = vllm_server.vllm_flags(EngineConfig(max_batch_size=12, max_tokens_per_step=256, block_size=32,
                                           max_model_len=1024, enable_prefix_caching=True))
     pairs = dict(zip(flags[1::2], flags[2::2]))
     assert pairs["--max-num-seqs"] == "12" and pairs["--max-num-batched-tokens"] == "256"
@@ -17,29 +17,29 @@ def test_knobs_map_to_vllm_flags():
 
 
 def test_edge_mode_maps_to_one_sequence_and_prefix_caching_off():
-    flags = peers.vllm_flags(EngineConfig(scheduler="edge", max_batch_size=8))
+    flags = vllm_server.vllm_flags(EngineConfig(scheduler="edge", max_batch_size=8))
     assert flags[flags.index("--max-num-seqs") + 1] == "1" and "--no-enable-prefix-caching" in flags
     assert flags[flags.index("--block-size") + 1] == "32"       # 16 rounded up: vLLM-CPU takes multiples of 32
 
 
 def test_other_models_are_refused_by_name():
     with pytest.raises(ValueError, match="model='tiny'"):
-        peers.vllm_flags(EngineConfig(model="tiny"))
+        vllm_server.vllm_flags(EngineConfig(model="tiny"))
 
 
 def test_peers_installed_elsewhere_are_found_as_the_bench_finds_them(tmp_path, monkeypatch):
     monkeypatch.delenv("MINIBATCH_VLLM", raising=False)
     monkeypatch.setenv("MINIBATCH_PEERS", str(tmp_path))
-    assert peers.vllm_executable() is None                  # an empty folder of peers: no vLLM, not the repo's
+    assert vllm_server.vllm_executable() is None                  # an empty folder of peers: no vLLM, not the repo's
     command = tmp_path / "vllm" / "bin" / "vllm"
     command.parent.mkdir(parents=True)
     command.write_text("#!/bin/sh\n")
     command.chmod(0o755)
-    assert peers.vllm_executable() == command
+    assert vllm_server.vllm_executable() == command
 
 
 def test_without_vllm_there_is_no_executable_and_the_server_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIBATCH_VLLM", str(tmp_path / "no-vllm-here"))
-    assert peers.vllm_executable() is None
+    assert vllm_server.vllm_executable() is None
     with pytest.raises(FileNotFoundError, match="make peer-vllm"):
-        peers.VllmServer(EngineConfig())
+        vllm_server.VllmServer(EngineConfig())

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from minibatch import EngineConfig
-from minibatch.analysis.calibrate import SHIPPED, measured_points
+from minibatch.tools.calibrate import SHIPPED, measured_points
 from minibatch.sim.costmodel import cost_model, list_profiles, load_profile, own_profile_dir
 from minibatch.sim.fingerprint import RECALIBRATE, engine_fingerprint, without_docstrings
 from minibatch.sim.fit import decode_table

@@ -7,7 +7,8 @@ from matplotlib.figure import Figure
 from minibatch import LLM, EngineConfig, SamplingParams, WorkloadRequest
 from minibatch.engine.cuda_graphs import CudaGraphRunner, decode_attention
 from minibatch.engine.kernels import AttentionMetadata, torch_ref
-from minibatch.analysis.profiler import MODEL_PARTS, PARTS, breakdown, profile_decode
+from minibatch.analysis.profiler import MODEL_PARTS, PARTS, breakdown
+from minibatch.tools.profile import profile_decode
 from minibatch.engine.runner import ModelRunner
 from minibatch.viz import step_profile
 from tests.conftest import reference_greedy
@@ -48,6 +49,22 @@ def test_profiled_steps_time_every_part(profiled, references):
         parts = breakdown(t)
         assert list(parts) == list(PARTS) and min(parts.values()) >= 0
         assert sum(parts.values()) == pytest.approx(sum(t[p] for p in BASE_PHASES))
+
+
+@pytest.mark.parametrize("kernels", ["fast", "reference"])
+def test_the_profile_reports_the_path_the_engine_ran(kernels):
+    """The profiler never switches path: the fast path's decode steps still run whole compiled layers (their
+    parts timed apart), the reference's run part by part, and the profile says which."""
+    llm = LLM(EngineConfig(model="tiny", kernels=kernels, max_batch_size=2, profile_steps=True))
+    prof = profile_decode(llm, 2, num_steps=3, prompt_tokens=8)
+    ran = prof["engine"]
+    assert ran["kernels"] == llm.engine.kernels == kernels
+    assert ran["attention_backend"] == {"fast": "numba", "reference": "torch"}[kernels]
+    if kernels == "fast":
+        assert ran["whole_layer_steps"] > 0 and "apart" in ran["parts"]
+    else:
+        assert ran["whole_layer_steps"] == 0 and ran["part_by_part_steps"] > 0 and ran["parts"] == "timed in place"
+    assert all(prof["parts"][p] > 0 for p in MODEL_PARTS)
 
 
 def test_run_report_profile(profiled):

@@ -12,8 +12,10 @@ from minibatch.config import ConfigError
 from minibatch.engine.kernels import quantized_groups_numba, quantized_numba
 from minibatch.engine.models import load_hf, load_model
 from minibatch.engine.models.gguf_blocks import gguf_file, read_blocks, unpermute_rows
-from minibatch.engine.models.quantized import QuantizedLinear, QuantizedWeight, quantize_q4_1, quantize_q8_0
-from minibatch.engine.models.weights import check_quantization
+from minibatch.engine.models.quantized import QuantizedWeight, quantize_q4_1, quantize_q8_0
+from minibatch.engine.ops.products import BlocksProduct, Product
+from minibatch.engine.ops.reference import TorchProduct
+from minibatch.engine.resolve import check_quantization
 from tests.conftest import reference_greedy
 
 QUANTIZE = {"q8_0": quantize_q8_0, "q4_1": quantize_q4_1}
@@ -59,7 +61,7 @@ def test_fp16_scales_become_fp32_exactly_subnormals_included():
     subnormal = torch.tensor([[1, 1023]], dtype=torch.int16).view(torch.float16)      # (1, 2): 2^-24, 1023 * 2^-24
     weight = QuantizedWeight("q8_0", torch.full((1, 64), 100, dtype=torch.int8), subnormal)
     x = torch.ones(1, 64)
-    assert QuantizedLinear(weight)(x).item() == pytest.approx(QuantizedLinear(weight, "torch")(x).item(), rel=1e-6)
+    assert BlocksProduct(weight)(x).item() == pytest.approx(TorchProduct(weight)(x).item(), rel=1e-6)
 
 
 @settings(max_examples=40, deadline=None)
@@ -68,7 +70,7 @@ def test_fp16_scales_become_fp32_exactly_subnormals_included():
 def test_numba_kernel_matches_the_torch_reference(fmt, rows, blocks, n, seed):
     weight = QUANTIZE[fmt](random_weight(n, 32 * blocks, seed))
     x = torch.randn(rows, 32 * blocks, generator=torch.Generator().manual_seed(seed + 1))   # (T, K)
-    fast, reference = QuantizedLinear(weight, "numba")(x), QuantizedLinear(weight, "torch")(x)
+    fast, reference = Product(weight)(x), TorchProduct(weight)(x)
     assert fast.shape == reference.shape == (rows, n)
     torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(reference, x @ weight.dequantize().T, rtol=1e-5, atol=1e-5)
@@ -90,12 +92,13 @@ def test_row_groups_are_the_same_bytes_interleaved_with_zero_padding():
 @pytest.mark.parametrize("rows", [1, 8])
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
 def test_rows_of_a_batch_do_not_see_each_other_and_add_to_adds(fmt, rows):
-    product = QuantizedLinear(QUANTIZE[fmt](random_weight(40, 64, 3)))
+    weight = QUANTIZE[fmt](random_weight(40, 64, 3))
+    product = Product(weight)
     x, residual = torch.randn(rows, 64), torch.randn(rows, 40)
     alone = torch.cat([product(x[i:i + 1]) for i in range(rows)])
     torch.testing.assert_close(product(x), alone, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(product.add_to(residual, x), residual + alone, rtol=1e-6, atol=1e-6)
-    assert product.numel() == 40 * 64 and product.nbytes() == product.weight.nbytes()
+    torch.testing.assert_close(product(x, residual=residual), residual + alone, rtol=1e-6, atol=1e-6)
+    assert product.numel() == 40 * 64 and product.nbytes() == weight.nbytes()
 
 
 def test_unpermute_rows_is_transformers_reverse_permutation():

@@ -224,7 +224,7 @@ def test_policy_lab_checker_catches_planted_mistakes(answer, words):
 
 
 def test_policy_lab_has_an_answer_and_fcfs_and_priority_each_miss_a_class():
-    from minibatch.analysis.fairness import LAB_BASE, LAB_LIMITS, lab_score
+    from minibatch.tools.fairness import LAB_BASE, LAB_LIMITS, lab_score
     assert check_policy_lab(lambda base: replace(base, scheduling_policy="shortest_prompt",
                                                  aging_tokens_per_s=20.0)).solved
     fcfs, priority = lab_score(LAB_BASE), lab_score(replace(LAB_BASE, scheduling_policy="priority"))

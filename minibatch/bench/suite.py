@@ -39,12 +39,12 @@ import torch
 
 from minibatch.bench import measure, report, results as shipped, roofline
 from minibatch.bench.check import greedy_reference
-from minibatch.bench.external import PEER_SYSTEMS
-from minibatch.bench.peers import HFContinuous, HFGenerate
-from minibatch.bench.systems import Minibatch, RunResult, System
+from minibatch.bench.peers.external import PEER_SYSTEMS
+from minibatch.bench.peers.hf import HFContinuous, HFGenerate
+from minibatch.bench.peers.systems import Minibatch, RunResult, System
 from minibatch.bench.workloads import FULL, PEERS, QUICK, BenchWorkload, Scale, offline_workload
 from minibatch.config import ConfigError, EngineConfig
-from minibatch.engine.llm_engine import resolve_device_dtype
+from minibatch.engine.resolve import resolve as resolve_config
 from minibatch.engine.models import load_hf
 from minibatch.engine.models.registry import resolve
 from minibatch.engine.threads import free_threads
@@ -82,7 +82,7 @@ def run_bench(model: str = "smollm2-135m", scale: Scale = QUICK, systems=SYSTEM_
     SYSTEM_NAMES or System objects; `rates` (requests/s) default to fractions of minibatch
     continuous's offline request rate."""
     probe = EngineConfig(model="tiny", device=device, attention_backend=attention_backend)   # validates both fields
-    device_used, _ = resolve_device_dtype(probe)
+    device_used = resolve_config(probe).device
     machine = roofline.machine()
     hf_model, tokenizer = load_hf(model)
     hf_model.to(device_used)

@@ -5,7 +5,7 @@ from minibatch.checks.core import checker, learner_config
 
 @checker("choose_config()")
 def check_capstone(choose_config):
-    from minibatch.analysis import capstone
+    from minibatch.tools import capstone
     from minibatch.config import ConfigError
 
     config = learner_config(choose_config, "choose_config()")

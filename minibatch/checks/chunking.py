@@ -91,7 +91,7 @@ def serve_stall_with(budget, num_decoding=3, long_prompt_tokens=512):
 @checker("choose_step_order(base)")
 def check_burst_lab(choose_step_order):
     """The open lab: the learner's step priority and token budget serve the long-prompt burst within its SLA."""
-    from minibatch.analysis.burst import BURST_BASE, BURST_KNOBS, BURST_LIMITS, NAMES, burst_score, misses
+    from minibatch.tools.burst import BURST_BASE, BURST_KNOBS, BURST_LIMITS, NAMES, burst_score, misses
 
     config = learner_config(choose_step_order, "choose_step_order(base)", BURST_BASE, BURST_KNOBS)
     score = burst_score(config)

@@ -5,7 +5,7 @@ from minibatch.checks.core import checker, learner_config
 
 @checker("choose_policy(base)")
 def check_policy_lab(choose_policy):
-    from minibatch.analysis.fairness import LAB_BASE, LAB_LIMITS, POLICY_KNOBS, lab_score
+    from minibatch.tools.fairness import LAB_BASE, LAB_LIMITS, POLICY_KNOBS, lab_score
 
     config = learner_config(choose_policy, "choose_policy(base)", LAB_BASE, POLICY_KNOBS)
     score, baseline = lab_score(config), lab_score(LAB_BASE)

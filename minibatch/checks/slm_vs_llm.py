@@ -19,7 +19,7 @@ def saturating_batch(step_s, limit=LIMIT):
 
 def decode_step_s(cost, context):
     """A decode step's seconds under a cost model, for batches whose sequences hold `context` tokens each."""
-    from minibatch.bench.roofline import step_parts
+    from minibatch.analysis.roofline import step_parts
 
     return lambda batch: step_parts(cost, batch, context)["step_s"]
 

@@ -3,7 +3,7 @@
 The loop: add every request that has arrived, run a step, and when nothing can run, wait until the
 next arrival or batching deadline; until nothing more will arrive and every request has ended.
 Where requests come from differs: `LLM.run` knows every arrival time in advance (`TimedArrivals`),
-`ClosedLoop.run` has users who ask again once answered, and the HTTP server's engine thread takes
+a `ClosedLoop` has users who ask again once answered, and the HTTP server's engine thread takes
 them from the network. Each is an `Arrivals`; the loop is the same.
 """
 from __future__ import annotations

@@ -17,6 +17,7 @@ is a no-op with a warning.
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from types import SimpleNamespace
 
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 from minibatch.engine.kernels import torch_ref
 from minibatch.engine.kv import blocks_for
+from minibatch.engine.ops import ReferenceOps
 
 
 def decode_attention(query, k_cache, v_cache, meta, scale):
@@ -53,7 +55,9 @@ class CudaGraphRunner:
     """
 
     def __init__(self, runner, max_batch_size: int, max_model_len: int, use_graphs: bool = True):
-        self.runner, self.model, self.blocks = runner, runner.model, runner.blocks
+        self.runner, self.blocks = runner, runner.blocks
+        self.model = copy.copy(runner.model)           # the same weights, attending with DECODE_BACKEND
+        self.model.ops = ReferenceOps(DECODE_BACKEND)
         self.buckets = sorted({min(2 ** i, max_batch_size) for i in range(max_batch_size.bit_length() + 1)})
         B, device = self.buckets[-1], runner.device
         width = blocks_for(max_model_len, self.blocks.block_size)
@@ -70,7 +74,7 @@ class CudaGraphRunner:
     def _forward(self, b: int) -> torch.Tensor:
         meta = SimpleNamespace(block_tables=self.block_tables[:b], context_lens=self.context_lens[:b])
         return self.model.forward(self.input_ids[:b], self.positions[:b], self.slot_mapping[:b], meta,
-                                  self.runner.kv_cache, DECODE_BACKEND, self.rows[:b])  # (b, V)
+                                  self.runner.kv_cache, self.rows[:b])  # (b, V)
 
     @torch.inference_mode()
     def _capture(self) -> None:

@@ -11,36 +11,21 @@ import torch
 
 from minibatch.config import ConfigError, EngineConfig, SamplingParams
 from minibatch.engine.cuda_graphs import with_cuda_graphs
-from minibatch.engine.kernels import get_backend, resolve_backend
+from minibatch.engine.kernels import get_backend
 from minibatch.engine.kv import KVCache, blocks_for, kv_bytes_per_token, pool_blocks
-from minibatch.engine.models.weights import check_quantization
 from minibatch.engine.parts import ModelParts
+from minibatch.engine.ops import make_ops
 from minibatch.engine.plugins import Plugins
-from minibatch.engine.records import BlockTableRecorder, StepRecord
+from minibatch.engine.records import BlockTableRecorder, PhaseTimer, StepRecord
 from minibatch.engine.request import Request
+from minibatch.engine.resolve import resolve
 from minibatch.engine.schedulers import StepPlan
 from minibatch.engine.speculative import make_decoder
-from minibatch.engine.threads import use_threads
-from minibatch.engine.timing import PhaseTimer, StepProfiler
+from minibatch.engine.threads import ThreadFollower, use_threads
+from minibatch.engine.timing import StepProfiler
 from minibatch.engine.tokens import PromptEncoder
 
 DEFAULT_MAX_MODEL_LEN = 4096   # cap on the model's own context, so the default KV budget holds several sequences
-
-
-def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("EngineConfig.device='cuda' is not allowed here: torch sees no GPU; use 'cpu' or 'auto'")
-    use_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if use_cuda else "cpu")
-    name = config.dtype if config.dtype != "auto" else ("bfloat16" if use_cuda else "float32")
-    dtype = getattr(torch, name)
-    if config.attention_backend == "numba-cuda" and dtype != torch.float32:
-        raise ConfigError(f"EngineConfig.dtype={config.dtype!r} is not allowed with attention_backend="
-                          "'numba-cuda': the Numba CUDA kernels compute in 'float32'")
-    if config.attention_backend == "numba" and dtype not in (torch.float32, torch.bfloat16):
-        raise ConfigError(f"EngineConfig.dtype={config.dtype!r} is not allowed with attention_backend='numba': "
-                          "the Numba CPU kernels compute in 'float32' or 'bfloat16'")
-    return device, dtype
 
 
 class LLMEngine:
@@ -53,19 +38,21 @@ class LLMEngine:
         plugins = plugins or Plugins()
         plugins.check_config(config)
         step_of = lambda: len(self.step_records)                       # the step being built, for messages
-        self.device, self.dtype = resolve_device_dtype(config)
+        self.resolved = resolve(config)                                # every "auto" decided, once
+        self.device, self.dtype = self.resolved.device, self.resolved.dtype
         on_cpu = self.device.type == "cpu" or config.cpu_threads is not None
         self.cpu_threads = use_threads(config.cpu_threads) if on_cpu else torch.get_num_threads()  # free cores
-        self.attention_backend = resolve_backend(config.attention_backend, self.device, self.dtype)  # "auto" resolved
+        self.threads = ThreadFollower(self.cpu_threads) if on_cpu and config.cpu_threads is None else None
+        self.kernels, self.attention_backend = self.resolved.kernels, self.resolved.attention_backend
         self.backend = plugins.attention_backend(get_backend(self.attention_backend), step_of)
-        check_quantization(config.quantization, config.model, self.device, self.dtype)
+        self.ops = make_ops(self.kernels, self.backend)              # the path's operations (engine/ops)
         loaded = parts.load(config.model)
         context = loaded.config.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > context:
             raise ConfigError(f"EngineConfig.max_model_len={config.max_model_len} is not allowed: "
                               f"the model's context is {context} tokens")
         self.max_model_len = config.max_model_len or min(context, DEFAULT_MAX_MODEL_LEN)
-        self.model = parts.model(loaded, self.dtype, self.device, self.max_model_len, config.quantization)
+        self.model = parts.model(loaded, self.ops, self.dtype, self.device, self.max_model_len, config.quantization)
         self.prompts = PromptEncoder(loaded.tokenizer, self.model.vocab_size, self.max_model_len)
         self.eos_token_ids = set(loaded.eos_token_ids)
         per_token = kv_bytes_per_token(self.model.num_layers, self.model.num_kv_heads, self.model.head_dim, self.dtype)
@@ -77,13 +64,13 @@ class LLMEngine:
                                             self.max_model_len, config.enable_prefix_caching)
         self.block_recorder = BlockTableRecorder()                   # each step's block tables, for the KV-block map
         self.scheduler = plugins.make_scheduler(config, self.blocks, step_of)
-        self.runner = parts.runner(self.model, self.kv_cache, self.blocks, self.backend, self.device)
+        self.runner = parts.runner(self.model, self.kv_cache, self.blocks, self.device)
         self.clock = clock or parts.clock(config, loaded.config)
         if config.cuda_graphs:
             self.runner = with_cuda_graphs(self.runner, config.batch_slots, self.max_model_len)
         sampler = plugins.wrap_sampler(parts.sampler(config.seed, self.eos_token_ids), step_of)
-        self.decoder = make_decoder(config, sampler, self.model, self.kv_cache, self.blocks, self.backend,
-                                    self.device, self.dtype, self.max_model_len)  # plain or speculative
+        self.decoder = make_decoder(config, sampler, self.model, self.kv_cache, self.blocks, self.device,
+                                    self.dtype, self.max_model_len)  # plain or speculative
         self.profiler = StepProfiler(self.device) if config.profile_steps else None
         if self.profiler:
             self.profiler.instrument(self.model, self.runner)
@@ -198,6 +185,8 @@ class LLMEngine:
     def step(self) -> list[Request] | None:
         """One step; returns the requests that finished in it, or None if nothing could run."""
         timer, start = PhaseTimer(self.profiler), self.clock.now()
+        if self.threads:
+            self.cpu_threads = self.threads.follow()                     # the cores other programs leave free
         with timer("schedule"):
             queries, hits = self.prefix_cache_queries, self.prefix_cache_hits
             plan = self.scheduler.schedule(start)
@@ -231,7 +220,7 @@ class LLMEngine:
             num_decode_tokens=sum(1 for s in plan.seqs if not s.is_prefill),
             queue_depth=len(self.scheduler.waiting), kv_blocks_used=self.blocks.num_used_blocks,
             kv_blocks_total=self.blocks.num_blocks, kv_tokens_stored=self.blocks.num_tokens_stored,
-            idle_slots=self.config.batch_slots - len(plan.seqs),
+            idle_slots=self.scheduler.max_batch_size - len(plan.seqs),
             num_preempted=len(plan.preempted), slots=slots, block_tables=self.block_recorder.snapshot(self.blocks),
             cached_blocks=self.block_recorder.cached(self.blocks))
 

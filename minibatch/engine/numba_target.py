@@ -3,11 +3,9 @@
 Numba asks LLVM for code for the host CPU. On Intel CPUs with AVX-512, LLVM's tuning still prefers
 256-bit vectors when it vectorises a loop by itself (512-bit instructions lowered the clock of the
 first such CPUs), so a loop such as the quantised kernels' (`kernels.quantized_groups_numba`) runs in
-eight lanes where the CPU has sixteen. Turning that preference off lets it use the whole register: on
-a 2-core Xeon with AVX-512 and AMX, one decode step's q4_1 products at one row took 9.6 + 2.0 ms
-(layers + LM head) against 12.7 + 3.6 ms, q8_0's 10.3 + 2.3 against 16.5 + 3.7 (`python
-scripts/quant_ab.py --skip engine`). CPUs without the preference (AMD's) or without AVX-512 compile as
-before. A NUMBA_CPU_FEATURES set by the user is left as it is.
+eight lanes where the CPU has sixteen. Turning that preference off lets it use the whole register
+(measurements: docs/performance.md, section "Wide vectors"). CPUs without the preference (AMD's) or
+without AVX-512 compile as before. A NUMBA_CPU_FEATURES set by the user is left as it is.
 
 It must run before Numba builds its compiler, that is before the first compiled function is defined:
 `minibatch.engine` imports this module first, and every kernel module is inside it.

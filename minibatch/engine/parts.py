@@ -24,16 +24,16 @@ class ModelParts:
         """The model's config, tokenizer, stop tokens and weights (fp32; the model casts them)."""
         return load_model(name, dtype=torch.float32)
 
-    def model(self, loaded: LoadedModel, dtype: torch.dtype, device: torch.device, max_model_len: int,
+    def model(self, loaded: LoadedModel, ops, dtype: torch.dtype, device: torch.device, max_model_len: int,
               quantization: str | None = None):
-        return LlamaModel(loaded, dtype, device, max_model_len, quantization)
+        return LlamaModel(loaded, ops, dtype, device, max_model_len, quantization)
 
     def kv_device(self, device: torch.device) -> torch.device:
         """Where the KV tensors are allocated."""
         return device
 
-    def runner(self, model, kv_cache, blocks, backend, device):
-        return ModelRunner(model, kv_cache, blocks, backend, device)
+    def runner(self, model, kv_cache, blocks, device):
+        return ModelRunner(model, kv_cache, blocks, device)
 
     def sampler(self, seed: int, eos_token_ids: set[int]):
         return Sampler(seed, eos_token_ids)

@@ -2,11 +2,14 @@
 
 `RequestMetrics.of(request)` turns a finished request's time stamps into its latencies (names as in
 vLLM: queue time, TTFT, TPOT, e2e); `StepRecord` is one step's shape, slots, KV use and phase times;
-`BlockTableRecorder` snapshots which request held which KV blocks at each step, for the KV-block map.
+`BlockTableRecorder` snapshots which request held which KV blocks at each step, for the KV-block map;
+`PhaseTimer` times a step's phases (schedule, propose, model, sample, update) for its record.
 What they add up to over a run is `minibatch.analysis` (`RunReport`, `memory_report`).
 """
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -100,3 +103,32 @@ class BlockTableRecorder:
         if blocks.prefix_cache is not None and self._last_cached != blocks.prefix_cache.evictable.keys():
             self._last_cached = frozenset(blocks.prefix_cache.evictable)
         return self._last_cached
+
+
+class PhaseTimer:
+    """Seconds per phase of one step: `with timer("model"): ...`. With a StepProfiler, the model
+    phase's parts too; parts timed before that phase (a layer-skip draft's layers) count as propose."""
+
+    def __init__(self, profiler=None):
+        self.profiler = profiler
+        self._times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str, counted: bool = True):
+        if self.profiler and phase == "model":
+            self.profiler.collect()                 # start the parts' counters at the model phase
+        start = time.perf_counter()
+        yield
+        if counted:
+            self._times[phase] = time.perf_counter() - start
+
+    def times(self) -> dict:
+        """The step's phase times, and its model parts' when profiled (the model phase without the time the
+        profiler took to time parts apart)."""
+        if not self.profiler:
+            return dict(self._times)
+        parts, apart = self.profiler.collect()
+        times = {**self._times, **parts}
+        if "model" in times:
+            times["model"] -= apart
+        return times

@@ -16,8 +16,8 @@ from minibatch.engine.schedulers import StepPlan
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, blocks: BlockManager, backend, device):
-        self.model, self.kv_cache, self.blocks, self.backend, self.device = model, kv_cache, blocks, backend, device
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, blocks: BlockManager, device):
+        self.model, self.kv_cache, self.blocks, self.device = model, kv_cache, blocks, device
 
     def prepare(self, plan: StepPlan):
         """Packed inputs of a step: ids, positions, slots (T,), metadata, and the rows that sample.
@@ -50,4 +50,4 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Run one step; returns logits (S, V) for the sequences that sample (plus their draft rows), in plan order."""
         input_ids, positions, slot_mapping, meta, logits_rows = self.prepare(plan)
-        return self.model.forward(input_ids, positions, slot_mapping, meta, self.kv_cache, self.backend, logits_rows)
+        return self.model.forward(input_ids, positions, slot_mapping, meta, self.kv_cache, logits_rows)

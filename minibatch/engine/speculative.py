@@ -102,8 +102,8 @@ class ModelProposer:
     Each sequence first feeds the tokens its draft cache lacks, then one draft token per pass.
     """
 
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, blocks, backend, device, num_layers=None):
-        self.model, self.kv_cache, self.blocks, self.backend, self.device = model, kv_cache, blocks, backend, device
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, blocks, device, num_layers=None):
+        self.model, self.kv_cache, self.blocks, self.device = model, kv_cache, blocks, device
         self.num_layers = num_layers                # layer_skip: the target's first layers (its own cache)
         self.computed: dict[int, int] = {}          # request id -> leading tokens whose K/V the draft holds
 
@@ -154,7 +154,7 @@ class ModelProposer:
         meta = AttentionMetadata.build(lens, [s + n for s, n in zip(starts, lens)], tables, self.device)
         as_tensor = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64), device=self.device)
         ids = as_tensor([t for f in feeds for t in f])
-        return self.model.forward(ids, as_tensor(positions), as_tensor(slots), meta, self.kv_cache, self.backend,
+        return self.model.forward(ids, as_tensor(positions), as_tensor(slots), meta, self.kv_cache,
                                   as_tensor(np.cumsum(lens) - 1), num_layers=self.num_layers)
 
 
@@ -213,7 +213,7 @@ class Speculator:
         self.sampler.release(request_id)
 
 
-def make_decoder(config, sampler, model, kv_cache, blocks, backend, device, dtype, max_model_len):
+def make_decoder(config, sampler, model, kv_cache, blocks, device, dtype, max_model_len):
     """The decoder a config asks for: plain sampling, or a Speculator with its proposer (checking that
     a draft fits the target `model`, whose `kv_cache` a layer-skip draft shares)."""
     method = config.speculative_method
@@ -226,14 +226,14 @@ def make_decoder(config, sampler, model, kv_cache, blocks, backend, device, dtyp
         if layers >= model.num_layers:
             raise ConfigError(f"EngineConfig.speculative_layers={layers} is not allowed: the draft must skip "
                               f"some of the model's {model.num_layers} layers (1 to {model.num_layers - 1})")
-        proposer = ModelProposer(model, kv_cache, blocks, backend, device, layers)
+        proposer = ModelProposer(model, kv_cache, blocks, device, layers)
     else:
-        draft = LlamaModel(load_model(config.speculative_model), dtype, device, max_model_len)
+        draft = LlamaModel(load_model(config.speculative_model), model.ops, dtype, device, max_model_len)
         if draft.vocab_size != model.vocab_size:
             raise ConfigError(f"EngineConfig.speculative_model={config.speculative_model!r} is not allowed: its "
                               f"vocabulary has {draft.vocab_size} tokens, the model's {model.vocab_size}; "
                               "the draft needs the same tokenizer")
         cache = KVCache(draft.num_layers, blocks.num_blocks, blocks.block_size, draft.num_kv_heads,
                         draft.head_dim, dtype, device)
-        proposer = ModelProposer(draft, cache, blocks, backend, device)
+        proposer = ModelProposer(draft, cache, blocks, device)
     return Speculator(proposer, blocks, sampler)

@@ -3,16 +3,19 @@
 A decode step is a few hundred parallel regions (each matrix product, each compiled kernel), and a
 parallel region ends only when its slowest thread does. With as many threads as cores, one core
 kept busy by another program (a browser tab, a video call, a test suite) makes every region wait
-for the thread that shares that core: measured on a 2-core machine with one core busy, the course
-ran about 20 times slower at 2 threads than at 1. So when an engine starts on a CPU it looks at how
-many cores other programs kept busy over a fraction of a second, and uses the rest:
+for the thread that shares that core, and the whole step runs many times slower than on the free
+cores alone (measurements: docs/performance.md, section "Threads"). So when an engine starts on a
+CPU it looks at how many cores other programs kept busy over a fraction of a second, and uses the rest:
 
     threads = clamp(round(cores - busy cores), 1, the process's default thread count)
 
 The default count is torch's at import (OMP_NUM_THREADS where set, else the cores), so setting
 OMP_NUM_THREADS still caps the threads; `EngineConfig(cpu_threads=N)` fixes N and skips the look.
 The choice is made again by each new engine and cached for LOOK_TTL_S, so that building many
-engines in a row does not pay for many looks. torch's count is process-wide; Numba's is per thread
+engines in a row does not pay for many looks. A program that starts after the engine (a load tester,
+a second notebook) takes a core too, so while it runs the engine looks again, between steps, at most
+every FOLLOW_EVERY_S (`ThreadFollower`: two CPU-time readings, no sleep), and follows a new count once
+two looks in a row agree on it. torch's count is process-wide; Numba's is per thread
 (a new thread starts at NUMBA_NUM_THREADS), so a thread that drives an engine built in another one,
 as the server's engine thread does, calls `adopt_threads` first.
 """
@@ -28,6 +31,7 @@ import torch
 
 LOOK_S = 0.25       # how long to watch the other programs' load
 LOOK_TTL_S = 30.0   # a look is reused for this long
+FOLLOW_EVERY_S = 1.0  # a running engine looks again at most this often
 DEFAULT_THREADS = torch.get_num_threads()    # before any engine changed it
 _last_look: tuple[float, float] | None = None  # (monotonic time, busy cores)
 
@@ -82,6 +86,45 @@ def adopt_threads(threads: int) -> None:
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
+def cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds every program has used since boot, all cores together; those of this process)."""
+    mine = psutil.Process().cpu_times()
+    return _busy_seconds(psutil.cpu_times()), mine.user + mine.system
+
+
+class ThreadFollower:
+    """An engine's thread count, kept at the cores other programs leave free while the engine runs.
+
+    `follow()` is called between steps. At most every `every_s` it reads the CPU time of every program and
+    of this one since its last reading; the difference, over the seconds between, is the cores the others
+    kept busy. A count that differs from the engine's is taken once two readings in a row give it, so a
+    burst of a fraction of a second does not make the engine switch back and forth."""
+
+    def __init__(self, threads: int, every_s: float = FOLLOW_EVERY_S, clock=time.monotonic, read=cpu_seconds,
+                 apply=use_threads):
+        self.threads, self.every_s, self.clock, self.read, self.apply = threads, every_s, clock, read, apply
+        self.last = (clock(), *read())              # (time, every program's CPU seconds, this one's)
+        self.pending = None                         # a new count seen once, waiting for a second look
+
+    def follow(self) -> int:
+        """The engine's thread count, changed (torch's and Numba's, in the calling thread) when the others'
+        load has changed it for two looks in a row."""
+        now = self.clock()
+        if now - self.last[0] < self.every_s:
+            return self.threads
+        busy, mine = self.read()
+        others = max(0.0, ((busy - self.last[1]) - (mine - self.last[2])) / (now - self.last[0]))
+        self.last = (now, busy, mine)
+        wanted = free_threads(busy=others)
+        if wanted == self.threads:
+            self.pending = None
+        elif wanted == self.pending:
+            self.threads, self.pending = self.apply(wanted), None
+        else:
+            self.pending = wanted
+        return self.threads
+
+
 def built_apart(make):
     """make(), run in a thread of its own that then ends; for an engine that another thread will drive.
 
@@ -89,10 +132,9 @@ def built_apart(make):
     as long as it lives. Loading a model starts parallel regions (large copies, oneDNN's reorders), so
     an engine built in the main thread and driven from another leaves two teams in the process, four
     threads on two cores; OpenMP then stops spinning between regions and puts its workers to sleep, and
-    every region waits for one to wake. Measured with SmolLM2-135M on a 2-core AMD EPYC: decode steps
-    of one sequence 34.6-44.5 ms driven from a thread after a build in the main thread, 21.6-21.9 ms
-    after a build in a thread that ended (its team ends with it), 21.8-24.6 ms built and driven in
-    the main thread."""
+    every region waits for one to wake. Built in a thread that then ends, the engine leaves no second
+    team (it ends with its thread), and its decode steps run as fast as one built and driven in the main
+    thread (docs/performance.md, section "Threads")."""
     made, failed = [], []
 
     def build():

@@ -30,13 +30,13 @@ class ShapeOnlyParts(SimulatedClockParts):
     def load(self, name: str):
         return load_model_spec(name)
 
-    def model(self, loaded, dtype, device, max_model_len, quantization=None):
+    def model(self, loaded, ops, dtype, device, max_model_len, quantization=None):
         return ModelShape(loaded.config)        # the model's sizes, without weights
 
     def kv_device(self, device: torch.device) -> torch.device:
         return torch.device("meta")
 
-    def runner(self, model, kv_cache, blocks, backend, device):
+    def runner(self, model, kv_cache, blocks, device):
         return PlaceholderRunner()
 
     def sampler(self, seed: int, eos_token_ids: set[int]):

@@ -87,9 +87,9 @@ def _roofline(ax, roof):
 
 def balance_figure(costs: dict, context: int = 512, max_batch: int = 1024) -> Figure:
     """For each (model, machine) cost model (`minibatch.sim.costmodel.RooflineCostModel`): decode tokens/s
-    against batch size, its saturating batch marked (`minibatch.bench.roofline.saturating_batch`), and
+    against batch size, its saturating batch marked (`minibatch.analysis.roofline.saturating_batch`), and
     the share of a step that is fixed overhead."""
-    from minibatch.bench.roofline import saturating_batch, step_parts
+    from minibatch.analysis.roofline import saturating_batch, step_parts
 
     batches = np.unique(np.geomspace(1, max_batch, 48).astype(int))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.9), layout="constrained")

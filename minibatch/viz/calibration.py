@@ -3,7 +3,7 @@
 - `step_ratio_figure`: a decode step of b sequences relative to a step of one, measured on the real
   engine and predicted by the simulated clock's cost model, side by side: where the two lines
   agree, the simulated sweeps that follow move as this machine would.
-- `timeout_figure`: one run per batching timeout on the real engine (`analysis.timeout_trial`):
+- `timeout_figure`: one run per batching timeout on the real engine (`tools.timeout_trial`):
   the sequences per decode step, and each request's TTFT with the bound the timeout sets.
 """
 from __future__ import annotations

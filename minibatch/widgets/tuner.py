@@ -1,7 +1,7 @@
 """The SLA tuner panel: state a load and an SLA, press "tune", and see the best batching configuration
 and the Pareto front of throughput against tail latency.
 
-The search is `minibatch.analysis.tune.tune` on the simulated clock (no model), over a small grid so it
+The search is `minibatch.tools.tune.tune` on the simulated clock (no model), over a small grid so it
 finishes in seconds. The figure shows every configuration that served the whole workload twice:
 at its two tail latencies against the SLA's box (inside it, the SLA is met), and at its
 throughput against its tail latency, with the Pareto front as a staircase. The best configuration
@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 from minibatch.config import EngineConfig
 from minibatch.workloads.distributions import Poisson, Uniform
 from minibatch.analysis.sla import SLA
-from minibatch.analysis.tune import tune
+from minibatch.tools.tune import tune
 from minibatch.viz.latency import sla_map, throughput_latency
 from minibatch.widgets.panel_tools import figure_png, fmt, html_table
 from minibatch.workloads import make_workload

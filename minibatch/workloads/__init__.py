@@ -11,8 +11,9 @@ Lines, one request per line, with the sampling fields flattened:
 
     make_workload(200, Poisson(rate=4.0), output_len=LogNormal(median=32, sigma=0.6, cap=256), seed=0)
 
-`ClosedLoop(users, think_s)` serves a workload as N users who each send a request, wait for the
-answer, think, and send the next: the load then follows the server's speed.
+`ClosedLoop(users, think_s)` is the other arrival process: N users who each send a request, wait for
+the answer, think, and send the next, so the load follows the server's speed. Its arrival times are
+known only while the workload is served: `llm.run(workload, arrival=ClosedLoop(users=4))`.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from minibatch.config import ConfigError, SamplingParams
 from minibatch.engine.arrivals import Arrivals
@@ -105,7 +105,7 @@ def make_workload(num_requests: int, arrival=AllAtOnce(), output_len=Fixed(32), 
         raise ConfigError(f"num_requests={num_requests!r} is not allowed: an integer >= 1")
     if not hasattr(arrival, "times"):
         raise ConfigError(f"arrival={arrival!r} is not allowed: use AllAtOnce(), Poisson(rate) or Bursts(size, "
-                          "every_s); serve a closed loop with ClosedLoop(users, think_s).run(llm, workload)")
+                          "every_s); serve a closed loop with llm.run(workload, arrival=ClosedLoop(users, think_s))")
     texts = list(prompts) if prompts is not None else load_prompts()
     if not texts or not all(isinstance(t, str) and t for t in texts):
         raise ConfigError("prompts is not allowed: give a non-empty list of non-empty strings")
@@ -141,28 +141,17 @@ class ClosedLoop:
         check_int("ClosedLoop", "users", self.users, 1)
         check_number("ClosedLoop", "think_s", self.think_s, 0.0)
 
-    def run(self, llm, workload: list[WorkloadRequest], use_tqdm: bool = True):
-        """Serve the workload's requests in order (their arrival_s is ignored) and return the RunReport."""
-        from minibatch.analysis.metrics import RunReport
-        from minibatch.engine.records import RequestMetrics
-
-        _, ids, params = llm._encode_all([w.prompt for w in workload], [w.params for w in workload], field="workload")
-        engine = llm.engine
-        first_step, start = len(engine.step_records), engine.clock.now()
-        desc = f"closed loop ({self.users} users)"
-        with tqdm(total=len(workload), desc=desc, unit="req", disable=not use_tqdm) as bar:
-            users = _Users(self, list(zip(ids, params)), start, bar)
-            engine.serve(users)
-        requests = users.requests
-        metrics = [RequestMetrics.of(requests[i]) for i in range(len(workload))]
-        return RunReport(metrics, engine.step_records[first_step:], llm.config.batch_slots, start_time=start)
+    def arrivals(self, items: list[tuple], start: float, on_step=None) -> Arrivals:
+        """The requests' source for `LLMEngine.serve`, as `LLM.run(workload, arrival=...)` asks for it: `items`
+        are (arrival_s, prompt ids, params), sent in order (their arrival_s is ignored) from `start` on."""
+        return _Users(self, [(prompt_ids, params) for _, prompt_ids, params in items], start, on_step)
 
 
 class _Users(Arrivals):
     """A closed loop's arrivals: a user asks when ready, and is ready again a think time after the answer."""
 
-    def __init__(self, loop: ClosedLoop, todo: list[tuple], start: float, bar):
-        self.todo, self.bar = deque(enumerate(todo)), bar
+    def __init__(self, loop: ClosedLoop, todo: list[tuple], start: float, on_step=None):
+        self.todo, self.on_step = deque(enumerate(todo)), on_step or (lambda finished: None)
         self.think_s, self.rng = loop.think_s, np.random.default_rng(loop.seed)
         self.ready = [(start, user) for user in range(loop.users)]   # heap: (when the user asks next, user)
         self.owner, self.requests = {}, {}                             # request id -> user; index -> Request
@@ -182,4 +171,4 @@ class _Users(Arrivals):
         for r in finished:
             think = self.rng.exponential(self.think_s) if self.think_s > 0 else 0.0
             heapq.heappush(self.ready, (r.finish_time + think, self.owner[r.request_id]))
-        self.bar.update(len(finished))
+        self.on_step(finished)

@@ -9,7 +9,7 @@ Two classes of request, drawn with a seed so every run sees the same traffic:
 documents (`BURST_PROMPT` tokens, short answers) arrives within a few seconds.
 Chats carry priority 0 and documents priority 1 (lower is served first with
 `scheduling_policy="priority"`, vLLM's convention; the engine refuses it under the other policies,
-so `minibatch.analysis.fairness.compare_policies` sends priority 0 to them).
+so `minibatch.tools.fairness.compare_policies` sends priority 0 to them).
 Prompts are token ids (the simulated clock needs only their lengths); they are meant for
 `EngineConfig(clock="simulated", sim_skip_model=True)` and fit any model with 1,000 ids or more.
 """

@@ -13,8 +13,8 @@ One rule covers prefill, chunked prefill and decode: query row j of sequence i s
 
 Every Numba kernel of the CPU paths (here and in `fused_cpu`, `gemv_cpu`, `quantized_numba`, `quantized_groups_numba`)
 is compiled with `nogil=True`: while it runs, other Python threads run too, as they do during torch's
-operators. A server's event loop streams tokens while the engine thread computes (measured with
-`minibatch serve`, 48 requests at 8 req/s on 2 cores: goodput 1.92-1.95 req/s, 1.18-1.59 without).
+operators. A server's event loop streams tokens while the engine thread computes (measurements:
+docs/performance.md, section "Threads"; each kernel's own measurements: the section its module names).
 """
 from __future__ import annotations
 
@@ -67,15 +67,6 @@ class AttentionMetadata:
             context_lens_np=contexts,
             block_tables_np=tables,
         )
-
-
-def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
-    """The backend `attention_backend="auto"` stands for: the Numba kernel on a CPU in float32 or bfloat16
-    (it reads K/V in place and vectorises, the fastest measured there), the torch reference everywhere else
-    (float16, and GPUs, where PyTorch's fused attention is the fast path). Other names are kept."""
-    if name != "auto":
-        return name
-    return "numba" if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) else "torch"
 
 
 def get_backend(name: str):

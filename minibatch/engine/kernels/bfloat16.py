@@ -21,6 +21,8 @@ weight, after each rotary product and their sum, after a matrix product and agai
 residual, after SiLU and after its product with `up`. Inside an operator (a dot product's sum,
 the softmax) they keep float32, as torch's bfloat16 kernels do. So the results follow the
 reference's roundings, and differ only where a sum in another order rounds the other way.
+
+Measurements: docs/performance.md, section "bfloat16".
 """
 from __future__ import annotations
 

@@ -10,13 +10,11 @@ one loop over the rows, compiled once; the first two run on the calling thread:
 - `rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_mapping, num_heads)`:
   rotate the query and key heads of the fused q|k|v product, store the new keys and values in
   their cache slots, and return the rotated queries (T, Hq, D), all in one pass, in eight-float
-  vectors: rotate_half pairs column d of a head with d + D/2, so both halves go side by side. On a
-  2-core Xeon, SmolLM2's shapes, median of 200 calls: 5.0 / 6.1 / 9.3 / 121-129 us at 1 / 8 / 32 / 368
-  rows, where plain loops took 9.0 / 14.6 / 30.6 / 320 (the 30 layers of a 32-row decode step: 0.6 ms less);
+  vectors: rotate_half pairs column d of a head with d + D/2, so both halves go side by side;
 - `silu_mul(gate_up)`: SwiGLU's silu(gate) * up = gate / (1 + exp(-gate)) * up of the fused gate|up
   product, in eight-float vectors (`lanes.exp8`), each row split in chunks of SILU_CHUNK columns over
   the threads. In torch it is three operators (a strided view of gate, SiLU, the product), each over
-  the whole (T, I) array: at 32 rows on a 2-core CPU they took 8-11 ms of a 90-110 ms decode step.
+  the whole (T, I) array, a tenth of a decode step of a few dozen rows.
 
 Each product and sum is rounded in the order transformers computes it, to float32, or in bfloat16
 where transformers rounds to bfloat16 (`kernels.bfloat16`), so the results equal its operators' up
@@ -24,6 +22,8 @@ to the order of the 576 additions inside a norm's sum of squares (taken sixteen 
 registers, `kernels.lanes`, as torch's own reduction does). Inputs are float32 or bfloat16 CPU
 tensors handed over as zero-copy numpy views; compiled code is cached on disk (and compiled again when
 `bfloat16` or `lanes` changes, `kernels.stale_cache`).
+
+Measurements: docs/performance.md, section "Fused small parts".
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import torch
 from numba import njit, prange
 
 from minibatch.engine.kernels import bfloat16, lanes
-from minibatch.engine.kernels.bfloat16 import as_stored, get, host_view, put, supported
+from minibatch.engine.kernels.bfloat16 import as_stored, get, host_view, put
 from minibatch.engine.kernels.lanes import LANES, exp8, fma8, load8, splat8, store8, sum8, zero8
 from minibatch.engine.kernels.stale_cache import forget_stale
 
@@ -60,6 +60,7 @@ def _sum_of_squares(x, t):
 
 @njit(nogil=True, cache=True)
 def _rms_norm(x, weight, eps, out):
+    """The loop behind `rms_norm`: out (T, C) = each row of x (T, C) over its root-mean-square, times weight (C,)."""
     rows, width = x.shape                                  # x, out: (T, C)
     for t in range(rows):
         squares = _sum_of_squares(x, t)
@@ -90,6 +91,7 @@ def _rotate(x, t, base, cos, signed_sin, p, out, row):
 
 @njit(nogil=True, cache=True)
 def _rotary_write_kv(qkv, positions, cos, signed_sin, k_cache, v_cache, slot_mapping, q_out):
+    """The loop behind `rotary_write_kv`: q_out (T, Hq, D) and the caches' slots written in one pass over qkv."""
     num_heads, head_dim = q_out.shape[1], q_out.shape[2]   # qkv: (T, (Hq + 2 Hkv) D), q_out: (T, Hq, D)
     num_slots, num_kv_heads = k_cache.shape[0] * k_cache.shape[1], k_cache.shape[2]   # caches: (N, bs, Hkv, D)
     queries = q_out.reshape(q_out.shape[0] * num_heads, head_dim)                 # (T Hq, D)
@@ -117,6 +119,7 @@ SILU_CHUNK = 256        # columns of one row a thread takes at a time in SwiGLU
 
 @njit(parallel=True, nogil=True, cache=True)
 def _silu_mul(gate_up, out):
+    """The loop behind `silu_mul`: out (T, I) = silu(gate) * up of gate_up (T, 2 I), in chunks over the threads."""
     rows, inter = out.shape                                # gate_up: (T, 2 I) = gate | up, out: (T, I)
     chunks = (inter + SILU_CHUNK - 1) // SILU_CHUNK        # (even one row is split over the threads)
     vector_end = inter - inter % LANES
@@ -133,21 +136,6 @@ def _silu_mul(gate_up, out):
             gate = get(gate_up, (t, i))
             silu = as_stored(out, gate / (np.float32(1.0) + np.exp(-gate)))
             put(out, (t, i), silu * get(gate_up, (t, inter + i)))
-
-
-# The attention backends whose KV write is a plain store into the (N, bs, Hkv, D) caches, which
-# `rotary_write_kv` does itself; any other backend writes its own K/V.
-PLAIN_KV_WRITE = ("minibatch.engine.kernels.torch_ref", "minibatch.engine.kernels.numba_cpu")
-
-
-def supports(x: torch.Tensor) -> bool:
-    """Whether these kernels can run on x: float32 or bfloat16 on the CPU."""
-    return x.device.type == "cpu" and supported(x.dtype)
-
-
-def writes_plain_kv(backend) -> bool:
-    """Whether the backend's write_kv is the plain store that `rotary_write_kv` makes."""
-    return getattr(backend, "__name__", None) in PLAIN_KV_WRITE
 
 
 def _kept_view(tensor: torch.Tensor) -> np.ndarray:

@@ -1,74 +1,33 @@
-"""The streamed product's blocks: a dozen rows and more by a weight, four rows by six or four weight rows (Numba, CPU).
+"""The streamed product's blocks: four rows of x by six or four weight rows at a time (Numba, CPU).
+
+    out[t, n] = sum_k x[t, k] * weight[n, k]      x (T, K), weight (N, K), out (T, N), T > BLOCK_ROWS
 
 `kernels.gemv_cpu` streams a weight through a few rows of x: eight or four rows against one weight
-row, or one row against four weight rows. Above BLOCK_ROWS rows the weight row's reuse is the limit,
-not the memory: eight rows of x are read for each weight vector, and thirty-two rows of x (73 KB at
-576 columns) no longer fit the first-level cache. So there the rows go in blocks of four rows by
-four weight rows (`_rows4_outputs4`): sixteen running sums, eight vectors loaded for sixteen
-multiply-adds, the four weight rows read from memory once and from the cache for every other block
-of rows. On a 2-core AVX-512 EPYC (`python scripts/linear_ab.py --rows 9 12 16 24 32 48 64 96`, the
-30 layers' products and the LM head):
+row, or one row against four weight rows. With more rows the weight row's reuse is the limit, not the
+memory: eight rows of x are read again for each weight vector, and a few dozen rows of x no longer fit
+the first-level cache. So above BLOCK_ROWS rows the rows go in blocks, the one idea of this module:
 
-    rows          9       12       16       24       32       48       64       96
-    oneDNN     34.4 ms  37.3 ms  37.6 ms  44.0 ms  56.5 ms  93.2 ms   116 ms   142 ms
-    streamed   29.0 ms  28.6 ms  36.6 ms  40.0 ms  53.3 ms  83.8 ms   104 ms   167 ms
+- **Four rows by four weight rows** (`_rows4_outputs4`): sixteen running sums, eight vectors loaded for
+  sixteen multiply-adds, the four weight rows read from memory once and from the cache for every other
+  block of rows. Past a few dozen rows a step is bound by these multiply-adds, not by the memory, as the
+  roofline says; so where the CPU has 512-bit registers the blocks run in sixteen lanes
+  (`kernels.lanes16`; eight elsewhere) and start at four rows (BLOCK_ROWS 3: three rows are padded to
+  four by `gemv_cpu`).
+- **Four rows by six weight rows** (`_rows4_outputs6`, sixteen lanes only): twenty-four running sums in
+  24 of AVX-512's 32 registers, ten vectors loaded for twenty-four multiply-adds, so each vector of x
+  brought from the second-level cache feeds six multiply-adds, not four. A thread's task is
+  `gemv_cpu.ROWS_PER_TASK` weight rows, whole sixes and fours; the fours and single rows take the rest.
+- **Overlap**: two or three rows left over go in a block that overlaps the one before (the same sums
+  written twice), cheaper than streaming the weight again for each row.
+- **Chunks of columns** (`blocks_in_chunks`): a block reads its four rows of x again for every weight
+  rows it takes, so all the rows of x should stay in the first-level cache. For weight rows longer than
+  K_CHUNK columns (SmolLM2's down projection: 1536) and up to CHUNKED_ROWS rows, the blocks take the
+  columns about BLOCK_K_CHUNK at a time, their sums added to a float32 total per output.
+- **Prefetch**: while a weight's rows are multiplied, the rows PREFETCH_AHEAD fours ahead are asked for,
+  one cache line at a time, each block of rows asking for its share (`spread`), so every line is asked
+  for once, evenly through the blocks' time.
 
-At 32 rows that is 8.6 GFLOP in 53 ms, 162 GFLOP/s, near the 150-196 GFLOP/s a large GEMM reaches
-there: past a few dozen rows a step is compute-bound, as the roofline says.
-
-A block loads half a vector per multiply-add where eight rows against one weight row load more than
-one, so on a CPU with AVX-512 blocks run in sixteen lanes (`kernels.lanes16`; eight elsewhere) and
-started above four rows (from four now, see below). On a 2-core Xeon with AVX-512 (`python scripts/linear_ab.py`, layers
-and head), the products at 8 / 12 / 16 / 32 / 64 rows took 22.6 / 27.3 / 33.9 / 55.7 / 94.5 ms against
-26.7 / 33.1 / 39.9 / 62.8 / 107.9 ms in eight lanes with blocks above eight rows; one row 19.8 ms. Two or
-three rows left over go in a block that overlaps the one before: six / seven rows 25.2 / 25.6 ms, not 28.8 / 33.5.
-In sixteen lanes blocks now start at four rows (BLOCK_ROWS 3; three rows are padded to four, `gemv_cpu`): four
-weight rows read side by side rather than one at a time, as one row does (`gemv_cpu._row1_outputs4`). On the Xeon,
-`python scripts/linear_ab.py --rows 1 3 4 5 --reps 5`, three runs each way, four rows' products took 2.0-2.6 ms
-more than one row's where they took 3.3-4.5 ms more one weight row at a time (bfloat16, `--dtype bfloat16`:
-12.5-12.8 + 1.9-2.4 ms against 13.7-14.7 + 2.8-2.9); whole decode steps of three / four sequences (`layer_ab.py
---batch-sizes 1 3 4 8 --rounds 3`, two runs each way) 25.7-26.2 / 25.3-25.9 ms against 26.7-27.3 / 26.2-26.9.
-
-A block's four rows of x are read again for every four weight rows, so all the rows of x should stay
-in the first-level cache. For SmolLM2's down projection (1536 columns) eight rows are 48 KB, more
-than many CPUs' 32-48 KB. So for weight rows longer than K_CHUNK (768) columns, and
-up to CHUNKED_ROWS rows, the blocks take the columns a chunk of about BLOCK_K_CHUNK (384) at a time
-(`blocks_in_chunks`): every block of the thread's task over one chunk, its sums added to a float32
-total per output, then the next chunk; x's chunk (16 rows: 24 KB) stays in the cache for all of them.
-On that Xeon (`python scripts/linear_ab.py --products down --rows 1 8 12 16 32 64`, two runs each way), the
-30 down projections at 8 / 12 / 16 / 32 rows took 4.3-4.4 / 5.0-5.1 / 6.3-6.4 / 10.9 ms against 5.0 / 5.7-5.9 /
-7.0 / 11.2 (one row 3.7-3.9). With CHUNKED_ROWS or K_CHUNK changed, chunks were slower at 64 rows, and for the
-576-column weights at every row count, so they stop there.
-
-While a weight's four rows are multiplied, the four rows PREFETCH_AHEAD fours ahead are asked for
-(`prefetch`, one cache line at a time). Every block of rows used to ask for all four, so at sixteen
-rows each line was asked for four times; now each block asks for its share (`spread`: of four blocks,
-one row each; of two, two), so the requests go out once, evenly through the blocks' time. On the Xeon,
-`python scripts/linear_ab.py --rows 1 8 12 16 24 32 --reps 5`, two runs each way, layers + head:
-12 / 16 / 24 / 32 rows 23.2-23.4 + 4.6 / 26.9-27.0 + 6.2-6.3 / 34.4-34.6 + 8.5 / 40.3-40.4 + 10.3-10.4 ms
-against 24.2 + 5.2-5.5 / 28.7-28.9 + 7.1 / 36.5-36.7 + 9.4-9.5 / 44.7-45.0 + 11.7-11.8; one and eight rows the
-same. A block asks for its rows unrolled (`_ask`), not in a loop of `asked` turns inside the block's loop: the
-layers' products at 16 / 24 / 32 rows 33.3 / 41.5 / 49.1 ms against 34.1 / 43.1 / 49.9 (means of three runs
-each way, 2-4%, at the edge of the noise).
-
-From 16 rows on, the loop is bound by its own arithmetic, not by the memory: `python scripts/stream_rates.py`
-times it with the weight in the second-level cache and read from memory, and at 32 rows the two rates are
-close (72-101 and 67-82 billion multiply-adds a second on the Xeon, three runs), where at 8 rows the memory
-rate is about half the cache rate (36-42 against 73-74).
-
-So in sixteen lanes the blocks are four rows by six weight rows (`_rows4_outputs6`): twenty-four running
-sums in 24 of AVX-512's 32 registers, ten vectors loaded for twenty-four multiply-adds, and each vector of x
-brought from the second-level cache feeds six multiply-adds, not four (a task's weight rows stay in the
-first-level cache while the blocks of rows go by). A task is `gemv_cpu.ROWS_PER_TASK` (24) weight rows, whole sixes
-and fours; the fours and single rows take what is left. On the Xeon, `python scripts/stream_rates.py --rows
-8 16 24 32 64`, against four by four: in cache 99-107 GFMA/s from 16 rows (70 before), from memory 61.5 /
-78.6 / 88.1 / 91.3 at 16 / 24 / 32 / 64 rows (55.6 / 60.8 / 63.8 / 67.5), 8 rows the same; `python
-scripts/layer_ab.py --batch-sizes 1 8 16 32 48 --rounds 3`, two runs each way, whole decode steps of 32 / 48
-sequences 64.6-65.6 / 90.1-90.8 ms against 67.7-69.9 / 95.8-97.2, up to 16 the same. Tasks of 48 weight rows
-were slower up to 16 rows (8 / 16 rows 27.3-27.8 / 33.6-34.7 ms against 26.2 / 31.9-32.3, `linear_ab.py`).
-The down projection's long rows still go in chunks up to CHUNKED_ROWS (16 in sixteen lanes) rows, where four
-by four chunked is the faster; above it, by six unchunked: at 32 rows 12.8-13.3 ms against 13.8-14.0
-(`linear_ab.py --products down`).
+Measurements: docs/performance.md, section "Blocks of rows".
 """
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
-"""The product of a few rows by a float32 weight, streamed at memory speed (Numba, CPU).
+"""The product of a few rows by a float32 or bfloat16 weight, streamed at memory speed (Numba, CPU).
+
+    out[t, n] = residual[t, n] + sum_k x[t, k] * weight[n, k]      (residual optional)
+    x (T, K), weight (N, K), residual and out (T, N); public entry: `streamed_linear`
 
 At batch 1 a decode step is a chain of matrix-vector products: each reads its whole weight once
 and does one multiply-add per weight read, so its time is the weight's bytes over the memory
 bandwidth. Up to the knee of the roofline a few more rows should cost almost nothing more: the
 weight is read once whatever the number of rows. A library GEMM is built for many rows; for a few
-it pays for blocking and packing that a plain loop does not need. This loop reads each weight row
-once, in order, and multiplies it into every row of the batch while it is in cache:
-
-    out[t, n] = residual[t, n] + sum_k x[t, k] * weight[n, k]      (residual optional)
+it pays for blocking and packing that a plain loop does not need. The one idea here: read each
+weight row once, in order, and multiply it into every row of the batch while it is in a register.
 
 The rows of x are taken eight at a time, then four (`_rows8`, `_rows4`), and the loop is written
 in eight-float vectors (`kernels.lanes`): eight weights are loaded into a register once and
@@ -16,57 +17,37 @@ multiply-adds per weight vector it loads. The last rows % 4 rows (all of them at
 other way round: one row of x against four weight rows side by side (`_row1_outputs4`), so four
 streams from memory are in flight at once rather than one. Three rows left over (three rows, or seven
 below blocks) would go that way three times, so x gets its last row again and they go as four, the
-copy's products dropped: on a 2-core Xeon with AVX-512 (`python scripts/layer_ab.py --batch-sizes 3 4
---rounds 3`, two runs each way) a decode step of three sequences took 1.1-1.8 ms longer than one of four
-before, 0.3-0.5 after. At the end the sums are reduced
-together (`sums8`), and the last K % 8 columns, if any, one by one. Threads split the output rows
-in chunks (`prange`), so each thread streams its own part of the weight and no two threads write
-the same output. Results equal `F.linear`'s up to the order of the additions.
+copy's products dropped. At the end the sums are reduced together (`sums8`), and the last K % 8
+columns, if any, one by one. Threads split the output rows in tasks of ROWS_PER_TASK (`prange`), so
+each thread streams its own part of the weight and no two threads write the same output. Results
+equal `F.linear`'s up to the order of the additions.
 
 With several rows the loop computes as well as reads, and while it computes, the memory must
 already be fetching the weights it reads next, or the two add up instead of overlapping. The
-CPU's own prefetcher guesses that for a plain stream, but not always early enough; here each loop
+CPU's own prefetcher guesses that for a plain stream, but not always early enough; so each loop
 also asks for the weight row PREFETCH_AHEAD rows ahead (`prefetch`: once per 64-byte cache line,
-into the second-level cache). How far ahead, and with which hint, matters more on some CPUs than on
-others, so both were measured on three CPUs. On a Zen 3 EPYC (AVX2) 6 to 24 rows ahead and either
-hint were the same within noise; on a 2-core AVX-512 Xeon, eight rows took 34-39 ms with no hint, 61-69
-ms with hints that reached the first-level cache too early (`prefetcht0` 12 ahead, `prefetchnta`) and
-21-25 ms with `prefetcht0` 1 to 4 ahead; on a Zen 4 EPYC (AVX-512), the model's products at eight
-rows took 38.7 ms with no hint, 27.9 with `prefetcht0` 2 ahead and 24.2-24.7 with `prefetcht1` 4 to
-16 ahead (one row: 23.7-24.7 -> 18.7-19.2 ms). So the hint is `prefetcht1`, 4 rows ahead.
+into the second-level cache, `prefetcht1`; a hint that reaches the first-level cache evicts the rows
+of x too early).
 
-Eight rows of x are read again for every weight row, so they must stay in the first-level cache, which
-holds 32 KB on many CPUs. For SmolLM2's down projection (1536 columns) eight rows are 48 KB: on the
-AVX-512 EPYC above its 30 products at eight rows took 9.3 ms, 2.6 times their 3.6 ms at one row, where
-the other products took 1.3-1.6 times. So for rows longer than K_CHUNK (768) columns, eight rows at a
-time are multiplied a chunk of columns at a time (`_rows8_in_chunks`: 24 KB of x), by all the weight
-rows of a thread's task, the sums kept in float32 from one chunk to the next: 5.2 ms, and decode
-steps of eight sequences 21.4-22.4 ms where they took 27-28 (1.18x a step of one, from 1.38-1.44x).
+Eight rows of x are read again for every weight row, so they must stay in the first-level cache
+(32 KB on many CPUs). For SmolLM2's down projection (1536 columns) eight rows are 48 KB, so for rows
+longer than K_CHUNK (768) columns, eight rows at a time are multiplied a chunk of columns at a time
+(`_rows8_in_chunks`: 24 KB of x), by all the weight rows of a thread's task, the sums kept in float32
+from one chunk to the next.
 
-Measured on that Xeon with `python scripts/linear_ab.py --rows 1 2 4 6 8 12 16 --reps 5` (2 threads,
-the 30 layers' products of SmolLM2-135M, 425 MB, read from memory as in a real step; medians of
-interleaved runs), against oneDNN with the weight prepacked and MKL's `F.linear`:
-
-    rows          1        2        4        6        8       12       16
-    oneDNN     28.4 ms  28.3 ms  28.3 ms  29.4 ms  33.4 ms  37.1 ms  41.4 ms
-    F.linear   20.4 ms  21.7 ms  34.5 ms  36.2 ms  41.8 ms  50.2 ms  48.1 ms
-    streamed   20.8 ms  23.4 ms  25.8 ms  32.9 ms  29.0 ms  36.3 ms  41.2 ms
-
-(a slower hour than the figures above). `_row1_outputs4` made batch-1 decode steps 24.9 ms from 28.5-31.8.
-
-Above BLOCK_ROWS rows the rows go in blocks of four rows by six or four weight rows (`kernels.gemv_blocks_cpu`,
-which says why and what it measured, and holds the constants both use: PREFETCH_AHEAD, LINE, K_CHUNK).
-`models.linear.Linear` uses this loop for up to STREAM_ROWS (64) rows, and oneDNN above, where its packed
-GEMM wins (bfloat16 on a CPU with AMX tiles: oneDNN above 8 rows, `models.linear` says why).
+Above BLOCK_ROWS rows the rows go in blocks of four rows by six or four weight rows
+(`kernels.gemv_blocks_cpu`, which says why and holds the constants both use: PREFETCH_AHEAD, LINE,
+K_CHUNK). `models.linear.Linear` uses this loop for up to STREAM_ROWS rows, and oneDNN's packed GEMM
+above (and for bfloat16 on a CPU with AMX tiles above a few rows, `models.linear` says why).
 
 In bfloat16 the same loop reads the weight's bits (`kernels.bfloat16`): each eight 2-byte weights are
 loaded at once and widened to floats in the register (a shift of each lane by 16 bits), x is widened
 once per call, the sums are float32 (the product of two bfloat16s is exact in float32) and each
 output is rounded to bfloat16 as it is stored, then again after the residual is added, as
-transformers rounds `residual + product`. Half the bytes read: on a 2-core AMD EPYC with AVX-512,
-the 30 layers' and the LM head's products at one row 15.6 ms against float32's 26 ms (`python
-scripts/linear_ab.py --dtype bfloat16`).
+transformers rounds `residual + product`: half the bytes read for the same arithmetic.
 Compiled code is cached on disk (`cache=True`), and dropped when a file it compiles in changes (`kernels.stale_cache`).
+
+Measurements: docs/performance.md, sections "Streamed products" and "bfloat16".
 """
 from __future__ import annotations
 
@@ -182,6 +163,8 @@ def _row1_outputs4(weight, x, n, t, ahead, out):
 
 @njit(parallel=True, nogil=True, cache=True)
 def _stream(x_stored, weight, residual, add_residual, out):
+    """out (T, N) = x (T, K) . weight (N, K)^T, plus residual (T, N) if add_residual: each thread takes tasks of
+    ROWS_PER_TASK weight rows and multiplies them into every row of x (blocks, eights, fours, then single rows)."""
     x = as_float32(x_stored)                               # x: (T, K), weight: (N, K), residual, out: (T, N)
     products = out                                         # (T, N), or (T + 1, N) when x gains a row below
     if x.shape[0] % 4 == 3 and x.shape[0] <= BLOCK_ROWS:   # three rows left over (see above)

@@ -1,10 +1,10 @@
 """Eight float32 lanes as a Numba value: the vector registers a hand-written CPU kernel works in.
 
-A compiler vectorises a simple loop by itself, but it decides on its own how: which values stay in
-registers, how many sums run side by side, whether the memory ahead is asked for early. A kernel
-that must run at the speed of the hardware says it explicitly, as C code does with intrinsics.
-These functions are that vocabulary, for Numba: each compiles to one or a few LLVM vector
-instructions (AVX's 256-bit registers on x86, two 128-bit NEON registers on ARM).
+A compiler vectorises a simple loop by itself, but it decides on its own how: which values stay in registers, how
+many sums run side by side, whether the memory ahead is asked for early. A kernel that must run at the speed of the
+hardware says it explicitly, as C code does with intrinsics. These functions are that vocabulary, for Numba: each
+compiles to one or a few LLVM vector instructions (AVX's 256-bit registers on x86, two 128-bit NEON registers on
+ARM). Kernels in these lanes against scalar loops: docs/performance.md, section "Paged attention on the CPU".
 
     zero8()                   [0, 0, 0, 0, 0, 0, 0, 0]
     splat8(s)                 [s, s, s, s, s, s, s, s]

@@ -2,12 +2,12 @@
 
 `kernels.lanes` works in eight lanes (256 bits), which every x86 CPU of the last ten years and
 ARM's NEON (as two registers) run at full speed. A CPU with AVX-512 has registers twice as wide,
-and on many (Intel's Xeons from Skylake on, with two 512-bit FMA units per core) one instruction
-on sixteen lanes does twice the multiply-adds of one on eight in the same time. Where a loop is
-bound by its multiply-adds rather than by the memory (a product of many rows by a weight: each
-weight loaded once is multiplied into a dozen rows or more), sixteen lanes are up to twice as fast
-there. Other CPUs with AVX-512 (AMD's Zen 4) split a 512-bit instruction into two 256-bit halves:
-the same speed as eight lanes, in half the instructions. Without AVX-512 the compiler would split
+and on many (those with two 512-bit FMA units per core) one instruction on sixteen lanes does
+twice the multiply-adds of one on eight in the same time. Where a loop is bound by its multiply-adds
+rather than by the memory (a product of many rows by a weight: each weight loaded once is multiplied
+into a dozen rows or more), sixteen lanes are up to twice as fast there. Other CPUs with AVX-512
+split a 512-bit instruction into two 256-bit halves: the same speed as eight lanes, in half the
+instructions. Without AVX-512 the compiler would split
 every sixteen-lane value into two registers and run out of them, so `WIDE` says whether the code
 Numba compiles has them (`engine.numba_target`), and kernels take the sixteen-lane loop only then.
 
@@ -15,6 +15,8 @@ Numba compiles has them (`engine.numba_target`), and kernels take the sixteen-la
     load16(a, i, j)           a[i, j:j+16], one load (float32, or bfloat16 bits widened as `load8` does)
     fma16(a, b, c)            a * b + c lane by lane, fused
     fold16(a)                 a[0:8] + a[8:16]: eight lanes (`lanes.float32x8`), for `lanes.sums8`
+
+Measurements: docs/performance.md, sections "Blocks of rows" and "Wide vectors".
 """
 from __future__ import annotations
 

@@ -19,32 +19,20 @@ loaded once for all eight (`_block_scores`); the weights exp(score - m) eight at
 where scalar `np.exp` calls the C library once per score); the weighted values 32 columns at a
 time, held in four registers while the block's keys go by, so each value is loaded once and no
 running sum goes back to memory between keys (`_add_weighted_values`). Results differ from the
-torch reference only in the last bits (the order of the additions). Against the same loops in
-scalar Numba (`fastmath`, vectorised by the compiler where it could, `np.exp` per score), on a
-2-core Intel Xeon, SmolLM2's shapes (9 query heads, 3 KV heads, D = 64, blocks of 16), median of
-300 calls: 8 rows at context 48 took 34 us against 57, 32 rows at context 80 182 against 330, one
-row at context 500 36 against 75.
+torch reference only in the last bits (the order of the additions).
 
 Threads take contiguous shares of the pairs, and in a causal prefill a row sees as many keys as its
-position: in row order the thread with the later rows had three times the work of the other. So the
-rows are taken from both ends in turn (0, T-1, 1, T-2, ...) and every share holds as much work. A
-512-token prefill, one layer, on a 2-core AMD EPYC (AVX-512), best of 15: 11.3-12.2 ms in row order
-with values eight columns at a time, 8.0-8.5 with the values in registers, 5.6-5.9 with both ends
-in turn. `python scripts/attention_ab.py` times this kernel against the torch reference.
+position: in row order the thread with the later rows would have three times the work of the other. So
+the rows are taken from both ends in turn (0, T-1, 1, T-2, ...) and every share holds as much work.
 
 A block's largest score and the sum of its weights are each a chain of additions (or comparisons)
 one after another; where the block's keys fill whole vectors they are taken eight lanes at a time
-(`_largest`, and the weights summed as they are computed): on the 2-core Xeon, `python
-scripts/attention_ab.py --prefill 128 512 1024`, four runs each way, a 1024-token prefill's layer 22.1-22.8 ms
-against 23.1-24.4, 512 tokens 5.5-5.6 against 5.8-5.9 (and one 7.9); decode steps the same.
-
-Each query head's steps on a block depend on one another (its scores, their largest, the weights, the
-weighted values), but the `group` heads' steps do not. Taken head after head, one head's whole chain of
-steps is too long for the CPU to start the next head's while it waits; taken step after step (the scores of
-every head of the group, then every head's weights, then their values) the heads' work on each step sits
-side by side and overlaps: a 1024-token prefill's layer 20.7-21.8 ms against 23.0-24.1, 512 tokens 5.1-5.3
-against 5.7-5.8 (three runs each way), decode the same. From a few hundred tokens on, torch's gathered
-attention (one matrix product for all the rows) stays ahead of this kernel.
+(`_largest`, and the weights summed as they are computed). Each query head's steps on a block depend
+on one another (its scores, their largest, the weights, the weighted values), but the `group` heads'
+steps do not: taken step after step (the scores of every head of the group, then every head's weights,
+then their values) the heads' work on each step sits side by side and overlaps, where one head's whole
+chain is too long for the CPU to start the next head's while it waits. From a few hundred tokens of
+prefill on, torch's gathered attention (one matrix product for all the rows) stays ahead of this kernel.
 
 Query row j of sequence i sits at position
 `context_lens[i] - query_lens[i] + j` and sees cache positions 0..that position, which covers
@@ -53,6 +41,8 @@ Numba as zero-copy numpy views (bfloat16 as its bits, widened to float32 as it i
 softmax and sums are float32, the output is rounded to the query's dtype, `kernels.bfloat16`);
 compiled code is cached on disk (`cache=True`), so only the first process ever pays for compilation (and the
 first after an edit of a file it compiles in, `kernels.stale_cache`).
+
+Measurements: docs/performance.md, section "Paged attention on the CPU".
 """
 from __future__ import annotations
 
@@ -68,6 +58,7 @@ from minibatch.engine.kernels.stale_cache import forget_stale
 
 @njit(nogil=True, cache=True)
 def _write_kv(key, value, k_cache, v_cache, slot_mapping):
+    """key, value (T, Hkv, D) into the caches (N, bs, Hkv, D): token t at flat slot slot_mapping[t]."""
     block_size = k_cache.shape[1]
     for t in range(key.shape[0]):                        # a memory copy: threads would not pay off
         block, offset = slot_mapping[t] // block_size, slot_mapping[t] % block_size
@@ -156,6 +147,8 @@ def _add_weighted_values(acc, g, correction, scores, values, first_v_row, v_step
 
 @njit(parallel=True, nogil=True, cache=True)
 def _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out):
+    """out (T, Hq, D): every query row attends causally to its sequence's cached keys, read in place through the
+    block table, one KV block at a time with an online softmax; threads over (row, KV head) pairs."""
     num_rows, num_heads, head_dim = query.shape                 # query, out: (T, Hq, D)
     num_blocks, block_size, num_kv_heads = k_cache.shape[:3]    # caches: (N, bs, Hkv, D)
     group = num_heads // num_kv_heads

@@ -19,6 +19,9 @@ It is a teaching kernel: production kernels (vLLM's paged attention, FlashInfer)
 contexts across blocks (flash-decoding), let several threads share one key's dot product and
 work in bf16. Tensors are handed over zero-copy with `cuda.as_cuda_array`; under the CUDA
 simulator (`NUMBA_ENABLE_CUDASIM=1`, for tests without a GPU) they are CPU numpy views.
+
+Shapes: query (T, Hq, D), caches (N, block_size, Hkv, D), output (T, Hq, D). Its speed is not
+measured in docs/performance.md, which covers the CPU kernels; the GPU check tests it for correctness.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ if not config.ENABLE_CUDASIM and not cuda.is_available():
 
 @cuda.jit
 def _write_kv(key, value, k_cache, v_cache, slot_mapping):
+    """key, value (T, Hkv, D) into the caches (N, bs, Hkv, D): one thread block per (token, KV head)."""
     t, h = cuda.blockIdx.x, cuda.blockIdx.y                   # one block per (token, KV head)
     block_size = k_cache.shape[1]
     block, offset = slot_mapping[t] // block_size, slot_mapping[t] % block_size
@@ -75,6 +79,8 @@ def _block_reduce(buffer, x, take_max):
 
 @cuda.jit
 def _paged_attention(query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out):
+    """out (T, Hq, D): one thread block per (query row, head), the context walked a tile of THREADS keys at a
+    time with an online softmax."""
     row, head, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
     head_dim, block_size = query.shape[2], k_cache.shape[1]
     kv_head = head // (query.shape[1] // k_cache.shape[2])     # GQA: query head -> KV head

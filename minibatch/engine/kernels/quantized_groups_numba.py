@@ -14,13 +14,14 @@ is multiplied by the same x, with no sum across lanes until the row ends. Per bl
 so the inner loop multiplies codes by x alone, and d and m are applied once a block. A q4_1 byte
 holds q_j (low nibble) and q_j+16 (high): high = (byte - low) / 16, so
 low x_j + high x_j+16 = low (x_j - x_j+16 / 16) + byte (x_j+16 / 16), and the loop needs no shift
-(Numba widens a shifted byte to 64 bits, which defeats the vector loop).
-Measured on a 2-core AVX2 CPU with `python scripts/quant_ab.py --skip engine` (SmolLM2-135M's
-products at one row, row by row -> row groups): the 30 layers' q4_1 14.0 -> 6.9 ms, q8_0 10.5 -> 7.0 ms;
-the q8_0 LM head 2.6 -> 1.4 ms.
+(Numba widens a shifted byte to 64 bits, which defeats the vector loop). At one row this halves
+the time of the row-by-row kernels.
 
 Each thread takes whole row groups (`prange` over groups), so no two threads write the same output.
 `_halves_to_float`, which turns fp16 scales and minimums into fp32, serves the row-by-row kernels too.
+
+Shapes: x (T, K) with T from 1 to 3, the weight's N rows in groups of ROW_GROUP, out (T, N).
+Measurements: docs/performance.md, section "Quantised products".
 """
 from __future__ import annotations
 

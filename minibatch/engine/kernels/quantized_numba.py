@@ -9,9 +9,8 @@ Each format has two kernels, on two orders of the same bytes (`host_arrays` make
   larger batches). Two rows of the weight at a time, in the file's order: expand their K weights
   into a buffer (6 KB a row for K = 1536), then multiply them into every one of the T rows of x,
   four rows of x at a time (`_dot2x4`: eight sums in registers, each value loaded used four or two
-  times). A step of 8 sequences reads the same bytes from memory as a step of 1. Measured with
-  `python scripts/quant_ab.py --skip engine --rows 8 32`: the 30 layers' q4_1 at 32 rows (a
-  prefill chunk) 88-90 -> 60 ms, as fast as oneDNN's float32 (61-65 ms); at 8 rows 26-27 -> 23 ms.
+  times). A step of 8 sequences reads the same bytes from memory as a step of 1, and a prefill
+  chunk's q4_1 products run as fast as oneDNN's float32 ones.
 - **A few rows** (1 to FEW_ROWS rows: a decode step of one or two users) run on a second copy of
   the blocks with rows interleaved, in `quantized_groups_numba`, which says why.
 
@@ -24,6 +23,9 @@ sums into SIMD lanes, so results match the reference to rounding, not bit for bi
 is passed in rather than written as the constant 32: a loop of unknown length gets vectorised,
 while a constant one is unrolled into scalar code. Compiled code is cached on disk (`cache=True`; compiled again
 when `quantized_groups_numba` changes, `kernels.stale_cache`).
+
+Shapes: x (T, K) float32, a weight of N rows by K columns in blocks of 32 along each row, out and
+residual (T, N). Measurements: docs/performance.md, section "Quantised products".
 """
 from __future__ import annotations
 
@@ -114,6 +116,8 @@ def _expand_q4_1(codes, d, m, block, w):
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _q8_0_many_into(x, codes, scales, block, residual, add_residual, out):
+    """out (T, N) = x (T, K) times the q8_0 weight (N, K) transposed (+ residual): two weight rows expanded at a
+    time, each multiplied into four rows of x at once."""
     num_out = codes.shape[0]                                  # x (T, K); codes (N, K) int8
     num_blocks = scales.shape[1]                              # scales (N, K/32) uint16; residual, out (T, N)
     for task in prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -140,6 +144,7 @@ def _q8_0_into(x, codes, scales, block, grouped, group_scales, residual, add_res
 
 @njit(nogil=True, cache=True)
 def _q8_0_matmul(x, codes, scales, block, grouped, group_scales):
+    """x (T, K) times the q8_0 weight transposed: a new (T, N) float32 array."""
     out = np.empty((x.shape[0], codes.shape[0]), np.float32)  # (T, N)
     _q8_0_into(x, codes, scales, block, grouped, group_scales, out, False, out)
     return out
@@ -147,6 +152,8 @@ def _q8_0_matmul(x, codes, scales, block, grouped, group_scales):
 
 @njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def _q4_1_many_into(x, codes, scales, mins, block, residual, add_residual, out):
+    """out (T, N) = x (T, K) times the q4_1 weight (N, K) transposed (+ residual): two weight rows expanded at a
+    time, each multiplied into four rows of x at once."""
     num_out = codes.shape[0]                                  # x (T, K); codes (N, K/2) uint8
     num_blocks = scales.shape[1]                              # scales, mins (N, K/32) uint16; residual, out (T, N)
     for task in prange((num_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -175,6 +182,7 @@ def _q4_1_into(x, codes, scales, mins, block, grouped, group_scales, group_mins,
 
 @njit(nogil=True, cache=True)
 def _q4_1_matmul(x, codes, scales, mins, block, grouped, group_scales, group_mins):
+    """x (T, K) times the q4_1 weight transposed: a new (T, N) float32 array."""
     out = np.empty((x.shape[0], codes.shape[0]), np.float32)  # (T, N)
     _q4_1_into(x, codes, scales, mins, block, grouped, group_scales, group_mins, out, False, out)
     return out
@@ -192,6 +200,7 @@ def host_arrays(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | 
 
 
 def _rows(x: torch.Tensor) -> np.ndarray:
+    """x (T, K) as the float32 numpy array the kernels take; a clear error for any other dtype or device."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"the Numba quantised kernels take float32 rows on the CPU, not {x.dtype} on {x.device}: "
                          "use dtype='float32' and device='cpu'")

@@ -11,7 +11,8 @@ j + 16 (j = 0..15): GGUF's (ggml's) layout, so the shipped file's bytes are used
 
 The reference expands the whole matrix to fp32, then multiplies: easy to check, but it writes and
 reads the fp32 matrix (4 bytes a weight) every time. The Numba kernels (`quantized_numba`) compute
-the same product reading only the blocks.
+the same product reading only the blocks (measurements: docs/performance.md, section "Quantised
+products").
 """
 from __future__ import annotations
 

@@ -8,6 +8,9 @@ GQA without copying KV: the `group` query heads that share one KV head are folde
 query-length axis, so `(Tq, Hq, D)` becomes `(Hkv, group * Tq, D)` and attends to `(Hkv, L, D)`.
 Decode sequences (one query each) and prefill sequences (many) are attended as two groups, so a
 long prompt does not pad every decode row to its length.
+
+Shapes: query (T, Hq, D), caches (N, block_size, Hkv, D), output (T, Hq, D). The Numba kernel is
+measured against this reference: docs/performance.md, section "Paged attention on the CPU".
 """
 from __future__ import annotations
 
@@ -49,6 +52,8 @@ def _plan(meta, seq_ids: np.ndarray, block_size: int, group: int, device) -> dic
 
 
 def _attend_group(query, k_cache, v_cache, plan, scale, out) -> None:
+    """out[rows] for one group of sequences (decode or prefill): their K/V gathered from the blocks into a padded
+    (G, Hkv, L, D) copy, the query heads of each KV head folded into the query axis, masked attention."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     num_seqs, max_q = plan["rows"].shape
     group = query.shape[1] // num_kv_heads

@@ -1,4 +1,4 @@
-"""Weight-only quantisation: block formats q8_0 and q4_1 and a `QuantizedLinear` that multiplies by them.
+"""Weight-only quantisation: the block formats q8_0 and q4_1, and `QuantizedWeight`, a matrix in blocks.
 
 `EngineConfig(quantization=...)` stores every weight matrix a decode step reads in blocks of 32
 weights along a row (the formats of GGUF / llama.cpp; `minibatch.engine.kernels.quantized_torch`
@@ -16,8 +16,8 @@ exactly the weights transformers dequantised when it converted the file (`models
 so greedy tokens equal the fp32 reference's.
 
 Only weights go through blocks: activations, norms, the embedding lookup, attention and the KV
-cache stay fp32. The products run the Numba kernels on the CPU (`kernel="numba"`) or, for
-checking, the torch reference that dequantises and multiplies (`kernel="torch"`).
+cache stay fp32. The fast path multiplies by the blocks with the Numba kernels; the reference path
+dequantises and multiplies (`ops.products`).
 """
 from __future__ import annotations
 
@@ -25,12 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
-from minibatch.engine.kernels import quantized_numba, quantized_torch
-from minibatch.engine.kernels.gemv_cpu import STREAM_ROWS
+from minibatch.engine.kernels import quantized_torch
 from minibatch.engine.kernels.quantized_torch import BLOCK
 
 BLOCK_BYTES = {"q8_0": 2 + BLOCK, "q4_1": 2 + 2 + BLOCK // 2}  # bytes per block of 32 weights
-KERNELS = {"numba": quantized_numba, "torch": quantized_torch}
 
 
 @dataclass
@@ -102,46 +100,3 @@ def quantize_q4_1(weight: torch.Tensor) -> QuantizedWeight:
     q = torch.round((blocks - low[..., None]) * inverse[..., None]).clamp(0, 15).to(torch.uint8)
     packed = q[..., :BLOCK // 2] | (q[..., BLOCK // 2:] << 4)             # (N, K/32, 16): j low, j + 16 high
     return QuantizedWeight("q4_1", packed.reshape(weight.shape[0], -1), d.half(), low.half())
-
-
-class QuantizedLinear:
-    """A quantised weight (N, K) and its product x (T, K) -> (T, N): the interface of `Linear`.
-
-    With the Numba kernel it holds its blocks in two orders (`quantized_numba.host_arrays`: the file's,
-    and 64 rows interleaved for products of one to three rows), so twice the bytes a product reads."""
-
-    def __init__(self, weight: QuantizedWeight, kernel: str = "numba"):
-        if kernel not in KERNELS:
-            raise ValueError(f"QuantizedLinear kernel={kernel!r} is not allowed: choose one of {tuple(KERNELS)}")
-        self.weight, self.kernel, self.shape = weight, kernel, torch.Size(weight.shape)
-        self.path = f"{weight.format}-{kernel}"
-        blocks = (weight.codes, weight.scales) + (() if weight.mins is None else (weight.mins,))
-        self.blocks = quantized_numba.host_arrays(*blocks) if kernel == "numba" else blocks  # made once
-        self.matmul = getattr(KERNELS[kernel], f"{weight.format}_matmul")
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(T, K) fp32 -> (T, N) fp32."""
-        return self.matmul(x, *self.blocks)
-
-    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """residual (T, N) + x (T, K) times the weight."""
-        return residual + self(x)
-
-    def layer_operands(self, rows: int) -> tuple | None:
-        """What the compiled decode layer (`kernels.layer_cpu`) multiplies by at `rows` rows (a decode
-        step's, up to STREAM_ROWS): the blocks and their length, for the Numba kernels; None elsewhere."""
-        if self.kernel != "numba" or not 0 < rows <= STREAM_ROWS:
-            return None
-        plain = 2 if self.weight.mins is None else 3                        # codes, scales[, mins]: row by row
-        return (*self.blocks[:plain], quantized_numba.BLOCK, *self.blocks[plain:])   # then the row groups
-
-    def numel(self) -> int:
-        """Number of weights, N x K."""
-        return self.shape.numel()
-
-    def nbytes(self) -> int:
-        """Bytes a product reads from the weight: its blocks."""
-        return self.weight.nbytes()
-
-    def __repr__(self):
-        return f"QuantizedLinear({tuple(self.shape)}, {self.weight.format}, kernel={self.kernel!r})"

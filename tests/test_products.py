@@ -1,4 +1,5 @@
-"""Every matrix-product path of `Linear`: the same result as F.linear for every shape, row count and thread count."""
+"""Every product routine of the one table (`engine/ops/products.py`): the same result as F.linear for every shape,
+row count and thread count, and the table's bands."""
 import numpy as np
 import pytest
 import torch
@@ -8,113 +9,116 @@ from hypothesis import strategies as st
 
 from minibatch.engine.kernels.bfloat16 import host_view
 from minibatch.engine.kernels.gemv_blocks_cpu import CHUNKED_ROWS
-from minibatch.engine.kernels.gemv_cpu import K_CHUNK, STREAM_ROWS, streamed_linear
-from minibatch.engine.models.linear import (PATHS, SMALL_BATCH_ROWS, TILE_STREAM_ROWS, Linear, best_path, linear,
-                                           onednn_supports, streamed_rows)
+from minibatch.engine.kernels.gemv_cpu import K_CHUNK, streamed_linear
+from minibatch.engine.ops import FastOps, ReferenceOps, crossover, products
+from minibatch.engine.ops.crossover import STREAM_ROWS
+from minibatch.engine.ops.products import ROUTINES, bands, onednn_supports
+from minibatch.engine.ops.reference import TorchProduct
 
-CPU_PATHS = [p for p in PATHS if p != "onednn" or onednn_supports(torch.zeros(1, 1))]
+CPU_ROUTINES = [r for r in ("torch", "streamed", "onednn") if r != "onednn" or onednn_supports(torch.zeros(1, 1))]
+
+
+def routine(name, weight):
+    return ROUTINES[name](weight)
+
+
+def product(kernels, weight):
+    """The product a path builds for this weight at load."""
+    return {"reference": ReferenceOps, "fast": FastOps}[kernels](None).product(weight)
 
 
 @settings(max_examples=60, deadline=None)
-@given(path=st.sampled_from(CPU_PATHS), rows=st.integers(0, SMALL_BATCH_ROWS + 8), k=st.integers(1, 80),
+@given(path=st.sampled_from(CPU_ROUTINES), rows=st.integers(0, STREAM_ROWS + 8), k=st.integers(1, 80),
        n=st.integers(1, 120), threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
-def test_every_path_matches_f_linear(path, rows, k, n, threads, seed):
+def test_every_routine_matches_f_linear(path, rows, k, n, threads, seed):
     generator = torch.Generator().manual_seed(seed)
     x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out = Linear(weight, path)(x)
+        out = routine(path, weight)(x) if rows or path != "streamed" else F.linear(x, weight)
     finally:
         torch.set_num_threads(before)
     assert out.shape == (rows, n)
     torch.testing.assert_close(out, F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
-@settings(max_examples=20, deadline=None)
-@given(rows=st.integers(0, 70), k=st.integers(1, 80), n=st.integers(1, 120), seed=st.integers(0, 2**16))
-def test_weight_first_function_matches_f_linear(rows, k, n, seed):
-    generator = torch.Generator().manual_seed(seed)
-    x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
-    torch.testing.assert_close(linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("path", CPU_PATHS)
-@pytest.mark.parametrize("rows", [1, 2, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1])
-def test_rows_of_a_batch_do_not_see_each_other(path, rows):
-    """Row i of the output depends on row i of the input only (the zero padding row included)."""
-    product = Linear(torch.randn(48, 16), path)
+@pytest.mark.parametrize("kernels", ["reference", "fast"])
+@pytest.mark.parametrize("rows", [1, 2, STREAM_ROWS, STREAM_ROWS + 1])
+def test_rows_of_a_batch_do_not_see_each_other(kernels, rows):
+    """Row i of the output depends on row i of the input only, whichever band takes the rows."""
+    product_ = product(kernels, torch.randn(48, 16))
     x = torch.randn(rows, 16)
-    alone = torch.cat([product(x[i:i + 1]) for i in range(rows)])
-    torch.testing.assert_close(product(x), alone, rtol=1e-5, atol=1e-5)
+    alone = torch.cat([product_(x[i:i + 1]) for i in range(rows)])
+    torch.testing.assert_close(product_(x), alone, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("path", [p for p in PATHS if p != "onednn" or onednn_supports(torch.zeros(1, 1).bfloat16())])
+BF16_ROUTINES = [p for p in CPU_ROUTINES if p != "onednn" or onednn_supports(torch.zeros(1).bfloat16())]
+
+
+@pytest.mark.parametrize("path", BF16_ROUTINES)
 def test_bfloat16_keeps_its_dtype_and_value(path):
     x, weight = torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(5, 8, dtype=torch.bfloat16)
-    out = Linear(weight, path)(x)
+    out = routine(path, weight)(x)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), F.linear(x.float(), weight.float()), rtol=2e-2, atol=2e-2)
 
 
-def test_the_default_path_is_onednn_on_a_cpu_that_has_it_and_the_plain_paths_elsewhere():
-    weight = torch.randn(4, 4)
-    assert best_path(weight) == ("onednn" if torch.backends.mkldnn.is_available() else "weight-first")
-    assert best_path(weight.to(torch.float16)) == "weight-first"          # oneDNN is asked for fp32 and bf16 only
-    assert best_path(torch.randn(4, 4, device="meta")) == "f.linear"
+def test_the_table_gives_each_weight_its_bands(monkeypatch):
+    """reference: F.linear for every row count; fast: the streamed loop up to its crossover, then a GEMM;
+    blocks: their own kernels; where oneDNN is missing, F.linear takes the rows above the loop."""
+    from minibatch.engine.models.quantized import quantize_q8_0
+    fp32 = torch.randn(64, 32)
+    assert isinstance(product("reference", fp32), TorchProduct)
+    assert isinstance(product("reference", quantize_q8_0(fp32)), TorchProduct)
+    many = "onednn" if onednn_supports(fp32) else "torch"
+    assert bands(fp32) == [(STREAM_ROWS, "streamed"), (products.ANY_ROWS, many)]
+    assert bands(quantize_q8_0(fp32)) == [(products.ANY_ROWS, "blocks")]
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert bands(fp32) == [(STREAM_ROWS, "streamed"), (products.ANY_ROWS, "torch")]
 
 
-def test_a_path_that_does_not_exist_or_cannot_run_is_refused_by_name():
-    with pytest.raises(ValueError, match="path='fast'.*onednn"):
-        Linear(torch.randn(4, 4), "fast")
-    with pytest.raises(ValueError, match="path='onednn' is not allowed for a torch.float16"):
-        Linear(torch.randn(4, 4, dtype=torch.float16), "onednn")
+def test_the_bfloat16_crossover_is_measured_once_and_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIBATCH_CACHE", str(tmp_path))
+    measured = []
+    monkeypatch.setattr(crossover, "measure_bfloat16_crossover", lambda: measured.append(1) or 16)
+    assert crossover.streamed_rows(torch.bfloat16, "onednn") == 16
+    assert crossover.streamed_rows(torch.bfloat16, "onednn") == 16 and measured == [1]    # from the cache file
+    assert (tmp_path / "crossovers.json").exists()
+    assert crossover.streamed_rows(torch.float32, "onednn") == STREAM_ROWS             # float32: a constant
+    assert crossover.streamed_rows(torch.bfloat16, "torch") == STREAM_ROWS             # no GEMM to hand rows to
+    assert measured == [1]
+
+
+@pytest.mark.skipif(not onednn_supports(torch.zeros(1).bfloat16()), reason="oneDNN has no bfloat16 here")
+def test_the_measured_crossover_is_one_of_the_candidates():
+    assert crossover.measure_bfloat16_crossover(shape=(256, 64), rounds=2) in crossover.CANDIDATES
 
 
 @settings(max_examples=40, deadline=None)
-@given(path=st.sampled_from(CPU_PATHS), rows=st.integers(0, STREAM_ROWS + 2), k=st.integers(1, 300),
+@given(kernels=st.sampled_from(["reference", "fast"]), rows=st.integers(0, STREAM_ROWS + 2), k=st.integers(1, 300),
        n=st.integers(1, 200), seed=st.integers(0, 2**16))
-def test_add_to_adds_the_residual_on_every_path_and_row_count(path, rows, k, n, seed):
+def test_the_residual_is_added_on_every_path_and_row_count(kernels, rows, k, n, seed):
     """Up to STREAM_ROWS rows go through the streamed loop, which adds the residual as it writes; more rows do not."""
     generator = torch.Generator().manual_seed(seed)
     x, weight = torch.randn(rows, k, generator=generator), torch.randn(n, k, generator=generator)
     residual = torch.randn(rows, n, generator=generator)
-    out = Linear(weight, path).add_to(residual, x)
+    out = product(kernels, weight)(x, residual=residual)
     torch.testing.assert_close(out, residual + F.linear(x, weight), rtol=1e-5, atol=1e-4)
 
 
-def test_a_few_fp32_or_bf16_rows_are_streamed_and_other_dtypes_are_not(monkeypatch):
-    import minibatch.engine.models.linear as linear_module
+def test_a_few_rows_are_streamed_and_more_are_not(monkeypatch):
     calls = []
-    streamed = linear_module.streamed_linear
-    monkeypatch.setattr(linear_module, "streamed_linear", lambda *a: calls.append(a[0].shape[0]) or streamed(*a))
-    product = Linear(torch.randn(6, 4))
+    streamed = products.streamed_linear
+    monkeypatch.setattr(products, "streamed_linear", lambda *a: calls.append(a[0].shape[0]) or streamed(*a))
+    fast = product("fast", torch.randn(6, 4))
     counts = (1, 2, 3, 8, STREAM_ROWS, STREAM_ROWS + 1, 2 * STREAM_ROWS)
     for rows in counts:
-        product(torch.randn(rows, 4))
-    assert calls == [r for r in counts if r <= STREAM_ROWS] and STREAM_ROWS + 1 not in calls
-    assert Linear(torch.randn(6, 4, dtype=torch.float16), "weight-first").streamed is None
-    assert Linear(torch.randn(6, 4, dtype=torch.bfloat16), "weight-first").streamed.dtype == np.uint16  # its bits
-
-
-@pytest.mark.parametrize("amx", [False, True])
-def test_bfloat16_products_leave_the_loop_above_a_few_rows_only_where_oneDNN_has_tiles(monkeypatch, amx):
-    import minibatch.engine.models.linear as linear_module
-    monkeypatch.setattr(linear_module, "AMX_BF16", amx)
-    bf16, fp32, fp16 = (torch.zeros(6, 4, dtype=d) for d in (torch.bfloat16, torch.float32, torch.float16))
-    assert streamed_rows(bf16, "onednn") == (TILE_STREAM_ROWS if amx else STREAM_ROWS)
-    assert streamed_rows(bf16, "weight-first") == streamed_rows(fp32, "onednn") == STREAM_ROWS
-    assert streamed_rows(fp16, "weight-first") == 0
-    if onednn_supports(bf16):                                     # the product follows its limit
-        calls = []
-        streamed = linear_module.streamed_linear
-        monkeypatch.setattr(linear_module, "streamed_linear", lambda *a: calls.append(a[0].shape[0]) or streamed(*a))
-        weight = torch.randn(6, 4).bfloat16()
-        product = Linear(weight)
-        for rows in (1, TILE_STREAM_ROWS, TILE_STREAM_ROWS + 1, STREAM_ROWS):
-            x = torch.randn(rows, 4).bfloat16()
-            torch.testing.assert_close(product(x).float(), F.linear(x, weight).float(), rtol=2 ** -7, atol=1e-6)
-        assert calls == ([1, TILE_STREAM_ROWS] if amx else [1, TILE_STREAM_ROWS, TILE_STREAM_ROWS + 1, STREAM_ROWS])
+        fast(torch.randn(rows, 4))
+    assert calls == [r for r in counts if r <= STREAM_ROWS]
+    assert fast.operands(1) is not None and fast.operands(STREAM_ROWS + 1) is None
+    assert product("fast", torch.randn(6, 4, dtype=torch.bfloat16)).routine(1).plain.dtype == np.uint16  # its bits
+    assert product("reference", torch.randn(6, 4)).operands(1) is None      # the reference never compiles a layer
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 11, 13, 30])
@@ -125,9 +129,9 @@ def test_the_streamed_loop_in_bfloat16_rounds_the_product_then_its_sum_with_the_
     generator = torch.Generator().manual_seed(rows)
     x, weight = (torch.randn(shape, generator=generator).bfloat16() for shape in ((rows, 77), (45, 77)))
     residual = torch.randn(rows, 45, generator=generator).bfloat16()
-    product = Linear(weight, "weight-first")
+    product = routine("streamed", weight)
     exact = F.linear(x.float(), weight.float())                                    # (T, N) in float32
-    out, with_residual = product(x), product.add_to(residual, x)
+    out, with_residual = product(x), product(x, residual)
     assert out.dtype == with_residual.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), exact.bfloat16().float(), rtol=2 ** -7, atol=1e-6)   # one step
     assert (out != exact.bfloat16()).float().mean() < 0.02            # only where the sum's order rounds the other way

@@ -26,7 +26,7 @@ from minibatch.config import ConfigError, EngineConfig
 from minibatch.llm import LLM
 from minibatch.analysis.metrics import RunReport, percentile
 from minibatch.analysis.sla import SLA
-from minibatch.bench.speculative import grounded_prompts
+from minibatch.workloads.grounded import grounded_prompts
 from minibatch.workloads import Poisson, Uniform, WorkloadRequest, load_prompts, make_workload
 
 MODEL = "smollm2-135m"
@@ -80,16 +80,18 @@ class Score:
         """What keeps this run from passing, one line each (an empty list when it passes)."""
         lines = []
         if self.kv_bytes > KV_BUDGET_BYTES:
-            lines.append(f"the KV cache takes {self.kv_bytes / 2**20:.1f} MiB, {(self.kv_bytes - KV_BUDGET_BYTES) / 2**20:.1f} "
-                         f"MiB over the budget of {KV_BUDGET_BYTES / 2**20:g} MiB (set num_kv_blocks or kv_cache_memory_bytes)")
+            lines.append(f"the KV cache takes {self.kv_bytes / 2**20:.1f} MiB, "
+                         f"{(self.kv_bytes - KV_BUDGET_BYTES) / 2**20:.1f} MiB over the budget of "
+                         f"{KV_BUDGET_BYTES / 2**20:g} MiB (set num_kv_blocks or kv_cache_memory_bytes)")
         for kind, sla in SLAS.items():
             if self.attainment[kind] >= TARGET:
                 continue
-            misses = [f"{self.over[kind][m]} over the {m.upper()} limit of {limit:g} s (p95 {self.tails[kind][m]:.2f} s"
+            misses = [f"{self.over[kind][m]} over the {m.upper()} limit of {limit:g} s "
+                      f"(p95 {self.tails[kind][m]:.2f} s"
                       + (f", {self.tails[kind][m] - limit:.2f} s over)" if self.tails[kind][m] > limit else ")")
                       for m, limit in sla.limits().items() if self.over[kind][m]]
-            lines.append(f"{kind}: {self.attainment[kind]:.0%} of {self.counts[kind]} requests met the SLA, the target is "
-                         f"{TARGET:.0%}; " + ", ".join(misses or ["some did not finish"]))
+            lines.append(f"{kind}: {self.attainment[kind]:.0%} of {self.counts[kind]} requests met the SLA, "
+                         f"the target is {TARGET:.0%}; " + ", ".join(misses or ["some did not finish"]))
         return lines
 
     def describe(self) -> str:
@@ -115,7 +117,8 @@ def evaluate(report: RunReport, classes: list[str], kv_bytes: int) -> Score:
                        for m in sla.limits()}
         over[kind] = {m: sum(getattr(r, m) is not None and getattr(r, m) > limit for r in runs)
                       for m, limit in sla.limits().items()}
-    return Score(good / report.duration if report.duration > 0 else 0.0, attainment, tails, over, counts, kv_bytes, report)
+    goodput = good / report.duration if report.duration > 0 else 0.0
+    return Score(goodput, attainment, tails, over, counts, kv_bytes, report)
 
 
 def simulated(config: EngineConfig) -> EngineConfig:

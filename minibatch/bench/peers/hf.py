@@ -19,7 +19,7 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from minibatch.bench.check import greedy_kwargs
-from minibatch.bench.systems import BLOCK_SIZE, RunResult, System
+from minibatch.bench.peers.systems import BLOCK_SIZE, RunResult, System
 from minibatch.analysis.metrics import RunReport
 from minibatch.engine.records import RequestMetrics
 

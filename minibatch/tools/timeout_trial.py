@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from minibatch.config import EngineConfig
+from minibatch.llm import LLM
 from minibatch.workloads import Fixed, Poisson, load_prompts, make_workload
 
 
@@ -25,8 +26,6 @@ def timeout_trial(timeouts=(0.0, 0.1, 0.3), num_requests: int = 16, rate: float 
                   model: str = "smollm2-135m", max_batch_size: int = 8, seed: int = 0) -> list[dict]:
     """Serve `num_requests` short questions arriving as a Poisson process at `rate` per second, once per
     timeout (real clock, real model); one dict per timeout: its report and the figures above."""
-    from minibatch.llm import LLM   # here: the facade sits above this wing's imports
-
     workload = make_workload(num_requests, arrival=Poisson(rate), output_len=Fixed(new_tokens),
                              prompts=load_prompts("question"), seed=seed)
     runs = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minibatch.analysis.fairness import class_tails
+from minibatch.tools.fairness import class_tails
 from minibatch.config import EngineConfig
 from minibatch.llm import LLM
 from minibatch.workloads.mixed import long_prompt_burst

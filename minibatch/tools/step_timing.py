@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from minibatch.config import EngineConfig, SamplingParams
 from minibatch.engine.clock import RealClock
+from minibatch.llm import LLM
 from minibatch.sim.costmodel import StepShape
 
 DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)   # decode steps: sequences per step
@@ -74,8 +75,6 @@ class StepTimer:
                  max_context: int = max(CONTEXTS), decode_steps: int = 3, timer: str = "auto"):
         """`timer`: "wall", "cpu" (CPU time of the process: what a step would take on an idle core, exact for
         an engine on one thread) or "auto" (CPU time when the engine runs on one thread, else wall clock)."""
-        from minibatch.llm import LLM   # here, so that importing this module stays light
-
         if timer not in TIMERS:
             raise ValueError(f"timer={timer!r} is not allowed: one of {', '.join(map(repr, TIMERS))}")
         self.clock, self.decode_steps = RecordingClock(), decode_steps

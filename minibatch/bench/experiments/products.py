@@ -1,0 +1,177 @@
+"""Which product of a few rows by a weight is fastest, and what bounds it? The model's own products, timed.
+
+Feeds docs/performance.md, sections "Streamed products", "Blocks of rows", "bfloat16", "Quantised
+products", "Wide vectors" and "Products and where each path wins". Three measurements:
+
+    paths    every way to multiply the rows by the model's weights: `F.linear` (MKL, rows first), the
+             weight-first orientation, oneDNN with the weight prepacked (`engine.models.linear.Linear`'s
+             paths, the streamed loop off) and the streamed loop itself (`gemv_cpu.streamed_linear`), for
+             one step's products of the 30 layers (each read from memory once, as in a real step) and the
+             LM head, at each row count, with the largest difference from F.linear's head
+    formats  float32, q8_0 and q4_1 weights as the engine multiplies them (`Linear`, `QuantizedLinear`): one
+             step's products, the bytes they read, the bandwidth that makes and the memory bound
+             (bytes / this machine's copy bandwidth)
+    rates    the streamed loop's multiply-adds per second with its weight in the second-level cache (one
+             1024-row weight again and again: its arithmetic alone) and read from memory (64 weights of
+             3072 rows in turn); where the two are close the arithmetic sets the pace, where `memory` is far
+             below `cache` the memory does (each call includes `streamed_linear`'s few microseconds of
+             wrapper)
+
+    python -m minibatch.bench.experiments.products paths [--dtype bfloat16] [--rows 1 8 32] [--products down]
+    python -m minibatch.bench.experiments.products formats [--rows 1 8 32]
+    python -m minibatch.bench.experiments.products rates [--rows 1 8 16 32 64]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from minibatch.bench.experiments import (PRODUCTS, check_positive, fused_weights, interleaved, milliseconds,
+                                         threads_line)
+from minibatch.bench.roofline import memory_bandwidth
+from minibatch.engine.kernels.bfloat16 import host_view
+from minibatch.engine.kernels.gemv_cpu import streamed_linear
+from minibatch.engine.models import load_model
+from minibatch.engine.models.linear import PATHS, Linear, onednn_supports
+from minibatch.engine.models.quantized import QuantizedLinear, quantize_q4_1, quantize_q8_0
+
+
+class Streamed:
+    """The streamed loop alone, at any row count: x (T, K) -> (T, N) through `gemv_cpu.streamed_linear`."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+        self.plain = host_view(weight.contiguous())                 # (N, K) float32, or bfloat16 as its bits
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return streamed_linear(x, self.plain)
+
+
+def step_runner(layers: list[dict], head, x_in: torch.Tensor, x_mid: torch.Tensor, products=PRODUCTS):
+    """One step's products: the named products of every layer (down takes the (T, I) input), or the head."""
+    inputs = {"qkv": x_in, "o": x_in, "gate_up": x_in, "down": x_mid}
+
+    def run_layers():
+        for layer in layers:
+            for name in products:
+                layer[name](inputs[name])
+    return run_layers, (lambda: head(x_in))
+
+
+def paths(args) -> None:
+    dtype = getattr(torch, args.dtype)
+    loaded = load_model(args.model)
+    sd = loaded.state_dict
+    weights = fused_weights(sd, loaded.config.num_hidden_layers, dtype)
+    head_weight = sd["lm_head.weight"].to(dtype).contiguous()                     # (V, C)
+    hidden, inner = weights[0]["down"].shape                                      # (C, I)
+    names = [p for p in PATHS if p != "onednn" or onednn_supports(head_weight)] + ["streamed"]
+    make = {p: (lambda w, p=p: Linear(w, p, stream_rows=0)) for p in PATHS} | {"streamed": Streamed}
+    layers = {p: [{k: make[p](w) for k, w in layer.items()} for layer in weights] for p in names}
+    heads = {p: make[p](head_weight) for p in names}
+    print(f"{args.model}, {args.dtype}, {threads_line()}: median ms of {args.reps} interleaved rounds, one step's "
+          f"products ({', '.join(args.products)} of {len(weights)} layers) + the LM head")
+    print(f"{'rows':>5} " + " ".join(f"{p:>21}" for p in names) + f" {'max |diff|':>11}")
+    with torch.inference_mode():
+        for rows in args.rows:
+            x_in = torch.randn(rows, hidden, dtype=dtype)                          # (T, C)
+            x_mid = torch.randn(rows, inner, dtype=dtype)                          # (T, I)
+            arms = {}
+            for p in names:
+                arms[p, "layers"], arms[p, "head"] = step_runner(layers[p], heads[p], x_in, x_mid, args.products)
+            ms = interleaved(arms, args.reps)
+            reference = heads["f.linear"](x_in).float()                           # (T, V)
+            diff = max((heads[p](x_in).float() - reference).abs().max().item() for p in names)
+            print(f"{rows:>5} " + " ".join(f"{ms[p, 'layers']:>11.1f} + {ms[p, 'head']:>4.1f} ms" for p in names)
+                  + f" {diff:>11.1e}")
+
+
+def formats(args) -> None:
+    loaded = load_model(args.model)
+    sd = loaded.state_dict
+    weights = fused_weights(sd, loaded.config.num_hidden_layers, torch.float32)
+    head_weight = sd["lm_head.weight"].float().contiguous()
+    make = {"float32": Linear, "q8_0": lambda w: QuantizedLinear(quantize_q8_0(w)),
+            "q4_1": lambda w: QuantizedLinear(quantize_q4_1(w))}
+    steps = {f: ([{k: m(w) for k, w in layer.items()} for layer in weights], m(head_weight)) for f, m in make.items()}
+    read = {f: sum(p.nbytes() for layer in layers for p in layer.values()) + head.nbytes()
+            for f, (layers, head) in steps.items()}                               # bytes one step reads
+    bandwidth = memory_bandwidth()
+    hidden, inner = weights[0]["down"].shape                                      # (C, I)
+    print(f"{args.model}, {threads_line()}, copy bandwidth {bandwidth / 1e9:.1f} GB/s: one step's products, "
+          f"median of {args.reps} interleaved rounds")
+    print(f"{'format':>8} {'rows':>4} {'layers + head':>18} {'MB read':>8} {'GB/s':>6} {'bound ms':>9} "
+          f"{'max |diff|':>11}")
+    with torch.inference_mode():
+        for rows in args.rows:
+            x_in, x_mid = torch.randn(rows, hidden), torch.randn(rows, inner)     # (T, C), (T, I)
+            arms = {}
+            for f, (layers, head) in steps.items():
+                arms[f, "layers"], arms[f, "head"] = step_runner(layers, head, x_in, x_mid)
+            ms = interleaved(arms, args.reps)
+            reference = steps["float32"][1](x_in)                                 # (T, V)
+            for f, (_, head) in steps.items():
+                seconds = (ms[f, "layers"] + ms[f, "head"]) / 1e3
+                diff = (head(x_in) - reference).abs().max().item()
+                print(f"{f:>8} {rows:>4} {ms[f, 'layers']:>8.1f} + {ms[f, 'head']:>4.1f} ms {read[f] / 1e6:>8.1f} "
+                      f"{read[f] / seconds / 1e9:>6.1f} {read[f] / bandwidth * 1e3:>9.1f} {diff:>11.1e}")
+
+
+def rate(rows: int, num_outputs: int, calls: int, num_weights: int, columns: int) -> float:
+    """Multiply-adds per second of `calls` streamed products of `rows` rows, taking num_weights weights in turn
+    (the best of three timings); checked against torch's product first."""
+    generator = torch.Generator().manual_seed(0)
+    weights = [Streamed(torch.rand(num_outputs, columns, generator=generator)) for _ in range(num_weights)]  # (N, K)
+    x = torch.rand(rows, columns, generator=generator)                                                       # (T, K)
+    if not torch.allclose(weights[0](x), x @ weights[0].weight.T, rtol=1e-4, atol=1e-3):
+        raise AssertionError("the streamed product differs from torch's")
+
+    def calls_in_turn():
+        for call in range(calls):
+            weights[call % num_weights](x)
+    best = min(milliseconds(calls_in_turn) for _ in range(3)) / 1e3
+    return rows * num_outputs * columns * calls / best
+
+
+def rates(args) -> None:
+    columns = args.columns
+    print(f"the streamed product, float32, {columns} columns, {threads_line()}; best of 3")
+    print(f"{'rows':>5} {'cache GFMA/s':>13} {'GB/s':>6} {'memory GFMA/s':>14} {'GB/s':>6}")
+    with torch.inference_mode():
+        for rows in args.rows:
+            cache = rate(rows, 1024, 2000, 1, columns)                 # 2.4 MB at 576 columns: half per thread
+            memory = rate(rows, 3072, 300, 64, columns)                # 64 x 7 MB: every weight from memory
+            print(f"{rows:>5} {cache / 1e9:>13.1f} {cache * 4 / rows / 1e9:>6.1f} "
+                  f"{memory / 1e9:>14.1f} {memory * 4 / rows / 1e9:>6.1f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minibatch.bench.experiments.products",
+                                     description=__doc__.splitlines()[0])
+    what = parser.add_subparsers(dest="what", required=True)
+    p = what.add_parser("paths", help="every product path at each row count (layers + LM head)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--products", nargs="+", choices=PRODUCTS, default=list(PRODUCTS),
+                   help="which of each layer's products to time (all four by default)")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+    f = what.add_parser("formats", help="float32, q8_0 and q4_1 products against their memory bound")
+    f.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    for sub in (p, f):
+        sub.add_argument("--model", default="smollm2-135m")
+        sub.add_argument("--reps", type=int, default=7, help="interleaved rounds; medians are printed")
+    r = what.add_parser("rates", help="the streamed loop's rate, weight in cache and from memory")
+    r.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
+    r.add_argument("--columns", type=int, default=576, help="the weights' columns (SmolLM2's hidden size)")
+    args = parser.parse_args(argv)
+    check_positive(parser, "rows", args.rows)
+    if args.what == "rates":
+        check_positive(parser, "columns", [args.columns])
+    else:
+        check_positive(parser, "reps", [args.reps])
+    {"paths": paths, "formats": formats, "rates": rates}[args.what](args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
