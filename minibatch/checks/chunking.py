@@ -101,3 +101,12 @@ def check_burst_lab(choose_step_order):
     found = misses(score)
     assert not found, (f"step_priority={config.step_priority!r} with max_tokens_per_step={config.max_tokens_per_step} "
                        "misses the SLA:\n  - " + "\n  - ".join(found))
+
+
+@checker("your chunked-prefill scheduler, serving requests inside the engine", debug=True)
+def check_budget_scheduler(scheduler_class):
+    """Debugging exercise: the learner's scheduler runs inside the engine with its guards on (a plan over the token
+    budget stops the run with the guard's message), then its plans and tokens are compared with the engine's."""
+    from minibatch.checks.build import check_scheduler
+
+    return check_scheduler.__wrapped__(scheduler_class)

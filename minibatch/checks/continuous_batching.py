@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minibatch.checks.core import Case, check_cases, checker
+from minibatch.checks.core import Case, check_cases, checker, describe_call, same_value
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,48 @@ def _continuous_cases() -> list[Case]:
     return [Case(s, _continuous_engine_step(*s)) for s in situations]
 
 
-@checker("join_leave(running, waiting, max_batch_size, token_budget, free_blocks, block_size)")
+def _join_leave_symptom(case: Case, got) -> str | None:
+    """What the engine would show with this wrong answer: which rule, which request."""
+    running, waiting, max_batch_size, token_budget, free_blocks, block_size = case.args
+    _, join_want = case.expected
+    try:
+        leave_got, join_got = list(got[0]), [tuple(j) for j in got[1]]
+    except (TypeError, IndexError, ValueError):
+        return None
+    stuck = [r.request_id for r in running if r.finished and r.request_id not in leave_got]
+    if stuck:
+        return (f"request {stuck[0]} finished in the last step but did not leave: it holds its slot (and its KV "
+                "blocks) until the whole batch ends, the grey 'held' cells of static batching's slot timeline. In "
+                "continuous batching a finished request leaves at once and a waiting one takes its slot")
+    if len([r for r in running if not r.finished]) + len(join_got) > max_batch_size:
+        return f"{len(join_got)} requests joined, but only the slots left by max_batch_size={max_batch_size} are free"
+    budget_left = token_budget - sum(min(r.num_pending, token_budget) for r in running if not r.finished)
+    if sum(t for _, t in join_got) > max(budget_left, 0):
+        return (f"the joiners compute {sum(t for _, t in join_got)} tokens, but only {max(budget_left, 0)} of the "
+                f"step's token budget of {token_budget} were left after the running requests: a newcomer computes "
+                "what fits and the rest of its prompt goes in later steps (chunked prefill)")
+    ids = [w.request_id for w in waiting]
+    order = [ids.index(i) for i, _ in join_got if i in ids]
+    if order != list(range(len(order))):
+        return (f"requests {[i for i, _ in join_got]} joined from the queue {ids}: admission stops at the first "
+                "request whose blocks do not fit; nobody behind it overtakes")
+    if len(join_got) < len(join_want) and join_got == join_want[:len(join_got)]:
+        freed = sum(r.num_blocks for r in running if r.finished)
+        nxt = join_want[len(join_got)][0]
+        return (f"request {nxt} did not join, but there was room for it: the slots and the {freed} KV blocks of the "
+                f"requests that left this step are free for newcomers in the same step ({free_blocks} were free "
+                "before)")
+    return None
+
+
+@checker("join_leave(running, waiting, max_batch_size, token_budget, free_blocks, block_size)", debug=True)
 def check_join_leave(join_leave):
-    return check_cases(join_leave, _continuous_cases())
+    """Debugging exercise: the learner's join/leave step against the engine's ContinuousScheduler, with the symptom."""
+    cases = _continuous_cases()
+    for case in cases:
+        got = join_leave(*case.args)
+        if not same_value(got, case.expected):
+            symptom = _join_leave_symptom(case, got)
+            if symptom:
+                raise AssertionError(f"{describe_call(join_leave, case.args, {})}:\n  {symptom}")
+    return check_cases(join_leave, cases)

@@ -24,8 +24,10 @@ class Case:
     kwargs: dict = field(default_factory=dict)  # keyword arguments, if any
 
 
-def checker(title: str) -> Callable:
-    """Decorator turning a checking function into a learner-facing checker named `title`."""
+def checker(title: str, debug: bool = False) -> Callable:
+    """Decorator turning a checking function into a learner-facing checker named `title`. With `debug`
+    (a debugging exercise, whose stub is a piece with a planted bug, not a blank) a wrong answer is
+    reported "not solved" with its message instead of raising, so the buggy stub's notebook runs on."""
 
     def decorate(body: Callable) -> Callable[..., CheckResult]:
         @functools.wraps(body)
@@ -38,7 +40,11 @@ def checker(title: str) -> Callable:
                 print("○ " + message)
                 return CheckResult(False, message)
             except AssertionError as err:
-                raise AssertionError(f"{title}: {err}") from None
+                if not debug:
+                    raise AssertionError(f"{title}: {err}") from None
+                message = f"{title}: not solved yet: {err}"
+                print("✗ " + message)
+                return CheckResult(False, message)
             message = f"{title}: all {cases} cases pass." if cases else f"{title}: solved."
             print("✓ " + message)
             return CheckResult(True, message)

@@ -68,9 +68,10 @@ def _engine_cached_tokens(cached_prompt, token_ids, block_size):
     return len(blocks.cached_prefix(token_ids)) * block_size, set(blocks.prefix_cache.block_of)
 
 
-@checker("block_hashes(token_ids, block_size) and cached_tokens(token_ids, block_size, cached)")
+@checker("block_hashes(token_ids, block_size) and cached_tokens(token_ids, block_size, cached)", debug=True)
 def check_prefix_hits(block_hashes, cached_tokens):
-    """Hashes against the engine's BlockManager; cached tokens against its lookup, on a cache holding one prompt."""
+    """Debugging exercise: hashes against the engine's BlockManager; cached tokens against its lookup, on a cache
+    holding one prompt."""
     tokens, size = PROMPTS[0]
     got = block_hashes(tokens, size)
     for mistake, wrong in MISTAKES.items():
@@ -87,4 +88,13 @@ def check_prefix_hits(block_hashes, cached_tokens):
     if cached_tokens(*full.args) == len(system):
         raise AssertionError("a prompt whose every block is cached must still compute its last token (the step "
                              "that computes it samples the first output token): look up token_ids[:-1]")
+    for case in cases:
+        got = cached_tokens(*case.args)
+        if case.expected and got == case.expected // 16:
+            raise AssertionError(f"on a prompt whose first {case.expected} tokens are cached you answered {got}: that "
+                                 "is the number of blocks found; the request skips that many blocks of 16 tokens")
+        if got != case.expected and got == len(_engine_hashes(case.args[0][:-1], 16)) * 16 and len(case.args[0]) > 16:
+            raise AssertionError(f"on a prompt of {len(case.args[0])} tokens you answered {got}, every full block, but "
+                                 f"only its first {case.expected} tokens are in the cache: reuse stops at the first "
+                                 "block whose hash the cache does not hold")
     return n + check_cases(cached_tokens, cases)

@@ -3,18 +3,19 @@
 Feeds docs/performance.md, sections "Whole compiled layers", "Fused small parts" and "torch.compile"
 (and the decode steps quoted in "Streamed products" and "Blocks of rows"). Three measurements:
 
-    steps    decode steps of the real engine with each layer as one compiled call (`kernels.layer_cpu`)
-             against the same layers part by part: one engine, the model's `whole_layers` switch flipped
-             between interleaved rounds, so both run on the same weights; each round generates greedy
-             tokens for a batch of prompts, and its decode-only steps give the step times. Prints the
-             median step of each way per batch size, their ratio, and whether the tokens were the same.
+    steps    decode steps of the fast path (`EngineConfig(kernels="fast")`) with each layer as one compiled
+             call (`kernels.layer_cpu`) against the same layers part by part: one engine, its operations'
+             `FastOps.whole_layers` switch flipped between interleaved rounds, so both run on the same
+             weights; each round generates greedy tokens for a batch of prompts, and its decode-only steps
+             give the step times. Prints the median step of each way per batch size, their ratio, and
+             whether the tokens were the same.
     parts    each fused loop of `kernels.fused_cpu` (`rms_norm`, `rotary_write_kv`, `silu_mul`) against
              the same computation in torch operators, one layer's call at SmolLM2's shapes, with the
              largest difference between the two
     compile  `torch.compile` (Inductor, weights frozen, one dynamic graph) of the 30 layers' dense parts
              (norms, products, residuals, SwiGLU: everything but the attention, which it has no paged
-             kernel for; the attention's output is a fixed input) against the engine's own calls part by
-             part (`Linear`, `fused_cpu`) and eager torch, with the compile time and the largest
+             kernel for; the attention's output is a fixed input) against the fast path's calls part by
+             part (`Product`, `fused_cpu`) and eager torch, with the compile time and the largest
              difference from eager torch relative to the output's largest value
 
     python -m minibatch.bench.experiments.layers steps [--dtype bfloat16 | --quantization q4_1] [--batch-sizes 1 8]
@@ -35,19 +36,19 @@ from minibatch import LLM, EngineConfig, SamplingParams
 from minibatch.bench.experiments import check_positive, fused_weights, interleaved, threads_line
 from minibatch.engine.kernels import fused_cpu
 from minibatch.engine.models import load_model
-from minibatch.engine.models.linear import Linear
+from minibatch.engine.ops.products import Product
 
 HIDDEN, INNER, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 576, 1536, 9, 3, 64, 16   # SmolLM2-135M's shapes
 
 
 def steps(args) -> None:
-    llm = LLM(EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization,
+    llm = LLM(EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization, kernels="fast",
                            max_batch_size=max(args.batch_sizes)))
-    model = llm.engine.model                    # `whole_layers`: the model's switch between the two ways
+    ops = llm.engine.model.ops                  # FastOps: `whole_layers` switches between the two ways
     params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
 
     def run(whole: bool, prompts, sampling=params):
-        model.whole_layers = whole
+        ops.whole_layers = whole
         first = len(llm.engine.step_records)
         outs = llm.generate(prompts, sampling, use_tqdm=False)
         decode = [s.duration for s in llm.engine.step_records[first:] if s.num_prefill_tokens == 0]
@@ -71,7 +72,7 @@ def steps(args) -> None:
             same = all(t == tokens[True][0] for t in tokens[True] + tokens[False])
             print(f"{batch:5d} {whole_ms:10.1f} ms {parts_ms:10.1f} ms {whole_ms / parts_ms:6.2f}  {same}")
     finally:
-        model.whole_layers = True
+        ops.whole_layers = True
 
 
 def rotary_tables(positions: int, theta: float = 10000.0):
@@ -151,15 +152,15 @@ class DenseParts(nn.Module):
 
 
 def engine_parts(weights: list[dict], norms: list[tuple], eps: float):
-    """The same computation through the engine's own calls part by part: `Linear` and `fused_cpu`."""
-    products = [{n: Linear(w) for n, w in layer.items()} for layer in weights]
+    """The same computation through the fast path's calls part by part: `Product` and `fused_cpu`."""
+    products = [{n: Product(w) for n, w in layer.items()} for layer in weights]
 
     def run(x, a):
         outputs = []
         for p, (attn_norm, mlp_norm) in zip(products, norms):
             outputs.append(p["qkv"](fused_cpu.rms_norm(x, attn_norm, eps)))
-            x1 = p["o"].add_to(x, a)
-            x = p["down"].add_to(x1, fused_cpu.silu_mul(p["gate_up"](fused_cpu.rms_norm(x1, mlp_norm, eps))))
+            x1 = p["o"](a, residual=x)
+            x = p["down"](fused_cpu.silu_mul(p["gate_up"](fused_cpu.rms_norm(x1, mlp_norm, eps))), residual=x1)
         return x, outputs
     return run
 

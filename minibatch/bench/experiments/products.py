@@ -3,14 +3,14 @@
 Feeds docs/performance.md, sections "Streamed products", "Blocks of rows", "bfloat16", "Quantised
 products", "Wide vectors" and "Products and where each path wins". Three measurements:
 
-    paths    every way to multiply the rows by the model's weights: `F.linear` (MKL, rows first), the
-             weight-first orientation, oneDNN with the weight prepacked (`engine.models.linear.Linear`'s
-             paths, the streamed loop off) and the streamed loop itself (`gemv_cpu.streamed_linear`), for
-             one step's products of the 30 layers (each read from memory once, as in a real step) and the
-             LM head, at each row count, with the largest difference from F.linear's head
-    formats  float32, q8_0 and q4_1 weights as the engine multiplies them (`Linear`, `QuantizedLinear`): one
-             step's products, the bytes they read, the bandwidth that makes and the memory bound
-             (bytes / this machine's copy bandwidth)
+    paths    every routine the fast path's table chooses from (`engine.ops.products.ROUTINES`): F.linear
+             (`torch`, the reference's product), oneDNN with the weight prepacked (where torch has it) and
+             the streamed loop (`gemv_cpu.streamed_linear`), each at every row count, then the table's own
+             choice (`Product`), for one step's products of the 30 layers (each read from memory once, as
+             in a real step) and the LM head, with the largest difference from F.linear's head
+    formats  float32, q8_0 and q4_1 weights as the fast path multiplies them (`Product`): one step's
+             products, the bytes they read, the bandwidth that makes and the memory bound (bytes / this
+             machine's copy bandwidth)
     rates    the streamed loop's multiply-adds per second with its weight in the second-level cache (one
              1024-row weight again and again: its arithmetic alone) and read from memory (64 weights of
              3072 rows in turn); where the two are close the arithmetic sets the pace, where `memory` is far
@@ -33,8 +33,8 @@ from minibatch.bench.roofline import memory_bandwidth
 from minibatch.engine.kernels.bfloat16 import host_view
 from minibatch.engine.kernels.gemv_cpu import streamed_linear
 from minibatch.engine.models import load_model
-from minibatch.engine.models.linear import PATHS, Linear, onednn_supports
-from minibatch.engine.models.quantized import QuantizedLinear, quantize_q4_1, quantize_q8_0
+from minibatch.engine.models.quantized import quantize_q4_1, quantize_q8_0
+from minibatch.engine.ops.products import ROUTINES, Product, onednn_supports
 
 
 class Streamed:
@@ -66,8 +66,8 @@ def paths(args) -> None:
     weights = fused_weights(sd, loaded.config.num_hidden_layers, dtype)
     head_weight = sd["lm_head.weight"].to(dtype).contiguous()                     # (V, C)
     hidden, inner = weights[0]["down"].shape                                      # (C, I)
-    names = [p for p in PATHS if p != "onednn" or onednn_supports(head_weight)] + ["streamed"]
-    make = {p: (lambda w, p=p: Linear(w, p, stream_rows=0)) for p in PATHS} | {"streamed": Streamed}
+    names = ["torch"] + (["onednn"] if onednn_supports(head_weight) else []) + ["streamed", "table"]
+    make = ROUTINES | {"table": Product}                                         # name -> weight -> routine
     layers = {p: [{k: make[p](w) for k, w in layer.items()} for layer in weights] for p in names}
     heads = {p: make[p](head_weight) for p in names}
     print(f"{args.model}, {args.dtype}, {threads_line()}: median ms of {args.reps} interleaved rounds, one step's "
@@ -81,7 +81,7 @@ def paths(args) -> None:
             for p in names:
                 arms[p, "layers"], arms[p, "head"] = step_runner(layers[p], heads[p], x_in, x_mid, args.products)
             ms = interleaved(arms, args.reps)
-            reference = heads["f.linear"](x_in).float()                           # (T, V)
+            reference = heads["torch"](x_in).float()                              # (T, V)
             diff = max((heads[p](x_in).float() - reference).abs().max().item() for p in names)
             print(f"{rows:>5} " + " ".join(f"{ms[p, 'layers']:>11.1f} + {ms[p, 'head']:>4.1f} ms" for p in names)
                   + f" {diff:>11.1e}")
@@ -92,8 +92,8 @@ def formats(args) -> None:
     sd = loaded.state_dict
     weights = fused_weights(sd, loaded.config.num_hidden_layers, torch.float32)
     head_weight = sd["lm_head.weight"].float().contiguous()
-    make = {"float32": Linear, "q8_0": lambda w: QuantizedLinear(quantize_q8_0(w)),
-            "q4_1": lambda w: QuantizedLinear(quantize_q4_1(w))}
+    make = {"float32": Product, "q8_0": lambda w: Product(quantize_q8_0(w)),
+            "q4_1": lambda w: Product(quantize_q4_1(w))}                          # each as the fast path stores it
     steps = {f: ([{k: m(w) for k, w in layer.items()} for layer in weights], m(head_weight)) for f, m in make.items()}
     read = {f: sum(p.nbytes() for layer in layers for p in layer.values()) + head.nbytes()
             for f, (layers, head) in steps.items()}                               # bytes one step reads

@@ -37,7 +37,7 @@ from minibatch.bench.peers.vllm_server import VLLM_BUSY_AFTER_S
 REPO = Path(__file__).resolve().parents[3]
 RUNNERS = Path(__file__).resolve().parent / "runners"
 DEFAULT_MODEL = "smollm2-135m"           # the only model both peers are given here (llama.cpp needs its GGUF)
-INSTALL = {"vllm": "make peer-vllm", "llamacpp": "make peer-llamacpp"}
+INSTALL = {"vllm": "make peer-vllm", "llamacpp": "make peer-llamacpp", "openvino": "make peer-openvino"}
 KV_CACHE_GIB = "2"                       # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE) unless set already
 MAX_NUM_SEQS = 64                        # vLLM's engine is built for this many sequences, then limited per run
 WAIT_S = 1800.0                          # longest wait for one answer before the runner counts as stuck
@@ -57,7 +57,7 @@ def peer_python(peer: str) -> Path | None:
 
 
 def install_hint(peer: str) -> str:
-    return f"not installed: `{INSTALL[peer]}` installs it into {peers_dir() / peer} (`make peers` installs both)"
+    return f"not installed: `{INSTALL[peer]}` installs it into {peers_dir() / peer} (`make peers` installs every peer)"
 
 
 class PeerFailed(RuntimeError):

@@ -37,8 +37,8 @@ from one chunk to the next.
 
 Above BLOCK_ROWS rows the rows go in blocks of four rows by six or four weight rows
 (`kernels.gemv_blocks_cpu`, which says why and holds the constants both use: PREFETCH_AHEAD, LINE,
-K_CHUNK). `models.linear.Linear` uses this loop for up to STREAM_ROWS rows, and oneDNN's packed GEMM
-above (and for bfloat16 on a CPU with AMX tiles above a few rows, `models.linear` says why).
+K_CHUNK). The fast path's table (`engine.ops.products`) uses this loop for up to STREAM_ROWS rows, and
+oneDNN's packed GEMM above (in bfloat16, above a crossover measured on the machine, `engine.ops.crossover`).
 
 In bfloat16 the same loop reads the weight's bits (`kernels.bfloat16`): each eight 2-byte weights are
 loaded at once and widened to floats in the register (a shift of each lane by 16 bits), x is widened

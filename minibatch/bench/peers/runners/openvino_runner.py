@@ -1,0 +1,44 @@
+"""Serves the benchmark's jobs with OpenVINO GenAI's `ContinuousBatchingPipeline`: greedy, EOS ignored.
+
+The benchmark starts it as `.peers/openvino/bin/python openvino_runner.py` (see runner_protocol for the
+conversation). The spec names the exported OpenVINO model folder (`make peer-openvino` exports the converted
+checkpoint minibatch loads, in float32), the precision hint ("f32", or None for OpenVINO's default, which is
+bfloat16 on a CPU with AMX or AVX512-BF16), the threads, the batch size (SchedulerConfig.max_num_seqs, so a
+pipeline is built for each batch size) and the longest request; everything else is OpenVINO's default
+(paged KV cache, dynamic split-fuse chunked prefill, no prefix caching).
+"""
+from __future__ import annotations
+
+from runner_protocol import serve
+
+
+def load(spec: dict):
+    import openvino as ov
+    import openvino_genai as genai
+    scheduler = genai.SchedulerConfig()
+    scheduler.max_num_seqs = spec["batch_size"]
+    scheduler.enable_prefix_caching = False
+    properties = {"INFERENCE_NUM_THREADS": spec["threads"]}
+    if spec.get("precision"):
+        properties["INFERENCE_PRECISION_HINT"] = spec["precision"]
+    pipe = genai.ContinuousBatchingPipeline(spec["model"], scheduler, "CPU", properties)
+    state = (pipe, ov, genai)
+    generate(state, [[1, 2, 3, 4]] * 2, [4, 4], 2)                    # warm-up, not timed
+    return state, {"version": genai.__version__, "precision": spec.get("precision") or "default"}
+
+
+def generate(state, prompts: list, output_lens: list, batch_size: int) -> list:
+    pipe, ov, genai = state
+    import numpy as np
+    inputs = [ov.Tensor(np.asarray([p], dtype=np.int64)) for p in prompts]       # (1, L) each
+    configs = []
+    for n in output_lens:
+        config = genai.GenerationConfig()
+        config.max_new_tokens, config.min_new_tokens, config.ignore_eos, config.do_sample = n, n, True, False
+        configs.append(config)
+    results = pipe.generate(inputs, configs)
+    return [list(r.m_generation_ids[0]) for r in results]            # in prompt order
+
+
+if __name__ == "__main__":
+    raise SystemExit(serve(load, generate))
