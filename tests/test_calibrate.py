@@ -45,7 +45,7 @@ def test_a_calibrated_profile_says_what_it_measured_and_loads(tmp_path, capsys):
 
 
 def test_timeout_trial_serves_every_request_once_per_timeout():
-    runs = timeout_trial(timeouts=(0.0, 0.05), num_requests=6, rate=20.0, new_tokens=4, model="tiny")
+    runs = timeout_trial(timeouts=(0.0, 0.05), num_requests=6, new_tokens=4, model="tiny")
     assert [r["batch_timeout_s"] for r in runs] == [0.0, 0.05]
     for run in runs:
         assert len(run["ttft_s"]) == 6 and all(t > 0 for t in run["ttft_s"])

@@ -17,25 +17,31 @@ from __future__ import annotations
 
 import numpy as np
 
-from minibatch.config import EngineConfig
+from minibatch.config import EngineConfig, SamplingParams
 from minibatch.llm import LLM
 from minibatch.workloads import Fixed, Poisson, load_prompts, make_workload
 
 
-def timeout_trial(timeouts=(0.0, 0.1, 0.3), num_requests: int = 16, rate: float = 4.0, new_tokens: int = 8,
-                  model: str = "smollm2-135m", max_batch_size: int = 8, seed: int = 0) -> list[dict]:
-    """Serve `num_requests` short questions arriving as a Poisson process at `rate` per second, once per
-    timeout (real clock, real model); one dict per timeout: its report and the figures above."""
-    workload = make_workload(num_requests, arrival=Poisson(rate), output_len=Fixed(new_tokens),
-                             prompts=load_prompts("question"), seed=seed)
-    runs = []
+def timeout_trial(timeouts=(0.0, 0.1, 0.3), num_requests: int = 12, load: float = 0.3, new_tokens: int = 8,
+                  model: str = "smollm2-135m", max_batch_size: int = 8, seed: int = 0,
+                  rate: float | None = None) -> list[dict]:
+    """Serve `num_requests` short questions arriving as a Poisson process, once per timeout (real clock, real
+    model); one dict per timeout: its report and the figures above. The rate is `rate` per second, or, by
+    default, `load` times what this machine serves one request at a time (from a warm-up's time per token),
+    so the engine is idle most of the time on any machine, which is where the timeout acts."""
+    runs, workload = [], None
     for timeout in timeouts:
         llm = LLM(EngineConfig(model=model, max_batch_size=max_batch_size, batch_timeout_s=timeout, seed=seed))
-        llm.generate([[1] * 8], use_tqdm=False)             # warm-up: the first step of a process compiles
+        warm = llm.generate([[1] * 8], SamplingParams(max_new_tokens=new_tokens + 1, ignore_eos=True),
+                            use_tqdm=False)[0]          # warm-up: the first steps of a process compile
+        if workload is None:
+            rate = rate or load / (new_tokens * warm.metrics.tpot)
+            workload = make_workload(num_requests, arrival=Poisson(rate), output_len=Fixed(new_tokens),
+                                     prompts=load_prompts("question"), seed=seed)
         report = llm.run(workload, use_tqdm=False)
         decode = [s.batch_size for s in report.steps if s.num_decode_tokens > 0]
         ttfts = [r.ttft for r in report.requests]
-        runs.append({"batch_timeout_s": timeout, "report": report, "ttft_s": ttfts,
+        runs.append({"batch_timeout_s": timeout, "rate": rate, "report": report, "ttft_s": ttfts,
                      "median_ttft_s": float(np.median(ttfts)), "mean_decode_batch": float(np.mean(decode)),
                      "steps": len(report.steps), "longest_step_s": max(s.duration for s in report.steps),
                      "median_step_s": float(np.median([s.duration for s in report.steps]))})
