@@ -94,22 +94,6 @@ class LinearCostModel(CostModel):
 
 
 @dataclass(frozen=True)
-class ScaledCostModel(CostModel):
-    """Another cost model's step times multiplied by `factor`: the same machine's shape at another speed
-    (what costs twice as much there costs twice as much here)."""
-
-    base: CostModel
-    factor: float
-
-    @property
-    def kind(self) -> str:
-        return self.base.kind
-
-    def step_time(self, shape: StepShape) -> float:
-        return self.factor * self.base.step_time(shape)
-
-
-@dataclass(frozen=True)
 class ModelSize:
     """The numbers of a Llama-family model that set its FLOPs and bytes."""
 
