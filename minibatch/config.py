@@ -61,8 +61,9 @@ class EngineConfig:
     attention_backend: str = knob("auto", "'auto' ('numba' on the fast path, 'torch' on the reference path), 'torch' "
                                           "(the readable reference), 'numba' (CPU kernels), 'numba-cuda' (GPU kernels)")
     clock: str = knob("real", "'real' wall-clock time; 'simulated' time from a cost model")
-    sim_profile: str = knob("smollm2-135m-cpu", "clock='simulated': the cost model, a shipped profile name or a "
-                                                "profile JSON path")
+    sim_profile: str = knob("smollm2-135m-cpu", "clock='simulated': the cost model, a profile name or a JSON path; "
+                                                "a name is your own profile (`python -m minibatch calibrate`, in "
+                                                "the model cache) if you made one, else the shipped one")
     sim_skip_model: bool = knob(False, "clock='simulated': skip the model, emit placeholder tokens, run each request "
                                        "to max_new_tokens")
     seed: int = knob(0, "default seed for sampled requests that set none")

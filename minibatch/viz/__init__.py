@@ -15,3 +15,4 @@ from minibatch.viz.kv_map import (block_owners, block_table_figure, kv_block_map
 from minibatch.viz.phases import budget_tradeoff, decode_token_waits, step_durations, step_time_vs_tokens, step_tokens
 from minibatch.viz.bench import balance_figure, bench_figure
 from minibatch.viz.queueing import load_sweep_figure
+from minibatch.viz.calibration import step_ratio_figure, timeout_figure
