@@ -125,6 +125,7 @@ class LLM:
         samples = [[self.engine.add_request(i, p.for_sample(k)) for k in range(p.n)] for i, p in zip(ids, params)]
         with tqdm(total=sum(map(len, samples)), desc="generate", unit="req", disable=not use_tqdm) as bar:
             while self.engine.has_unfinished():
+                self.engine.follow_free_cores()
                 finished = self.engine.step()
                 bar.update(len(finished or ()))
         return [self._output(s, p) for s, p in zip(samples, prompts)]

@@ -166,11 +166,18 @@ class LLMEngine:
     def serve(self, arrivals) -> None:
         """Serve requests as they arrive (an `engine.arrivals.Arrivals`) until none remain."""
         while arrivals.admit(self) or self.has_unfinished():
+            self.follow_free_cores()
             finished = self.step()
             if finished is None:                                         # nothing can run yet: wait
                 arrivals.wait_until(self, self.next_wake_time(arrivals.next_event()))
             else:
                 arrivals.after_step(finished)
+
+    def follow_free_cores(self) -> None:
+        """Between steps: take the cores other programs leave free now (`threads.ThreadFollower`, on the CPU
+        when `cpu_threads` is not fixed; it looks at most once a second)."""
+        if self.threads:
+            self.cpu_threads = self.threads.follow()
 
     def abort(self, request: Request, reason: str = "abort") -> None:
         """End a request between steps ("abort": a client went away; "stop": a stop string); its blocks go back."""
@@ -190,8 +197,6 @@ class LLMEngine:
     def step(self) -> list[Request] | None:
         """One step; returns the requests that finished in it, or None if nothing could run."""
         timer, start = PhaseTimer(self.profiler), self.clock.now()
-        if self.threads:
-            self.cpu_threads = self.threads.follow()                     # the cores other programs leave free
         with timer("schedule"):
             queries, hits = self.prefix_cache_queries, self.prefix_cache_hits
             plan = self.scheduler.schedule(start)
