@@ -3,8 +3,8 @@ import importlib
 
 import pytest
 
-EXPERIMENTS = {"products": ["paths", "formats", "rates"], "layers": ["steps", "parts", "compile"], "attention": [],
-               "threads": []}
+EXPERIMENTS = {"products": ["paths", "formats", "rates", "blocks"], "layers": ["steps", "parts", "compile"],
+               "attention": [], "threads": []}
 
 
 @pytest.mark.parametrize("name, sub", [(n, s) for n, subs in EXPERIMENTS.items() for s in [None, *subs]])
@@ -19,6 +19,7 @@ def test_an_experiment_answers_help(name, sub, capsys):
 @pytest.mark.parametrize("argv, flag", [
     (["products", "paths", "--rows", "0"], "--rows"),
     (["products", "rates", "--columns", "0"], "--columns"),
+    (["products", "blocks", "--reps", "0"], "--reps"),
     (["layers", "parts", "--reps", "0"], "--reps"),
     (["layers", "steps", "--batch-sizes", "1", "-2"], "--batch-sizes"),
     (["attention", "--decode", "8by48"], "--decode"),

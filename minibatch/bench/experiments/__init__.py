@@ -1,7 +1,8 @@
 """Experiments: the measurements behind docs/performance.md, one question each, runnable on their own.
 
-    python -m minibatch.bench.experiments.products paths | formats | rates
+    python -m minibatch.bench.experiments.products paths | formats | rates | blocks
         which product path wins at each row count, what each weight format reads, and which bound holds
+        (blocks: the quantised products with the weight in cache and from memory)
     python -m minibatch.bench.experiments.layers steps | parts | compile
         whole compiled layers against part by part, the fused small parts against torch, torch.compile
     python -m minibatch.bench.experiments.attention
