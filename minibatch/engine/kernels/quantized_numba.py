@@ -140,12 +140,12 @@ def _q8_0_many_into(x, codes, scales, block, residual, add_residual, out):
 @njit(nogil=True, cache=True)
 def _q8_0_into(x, codes, scales, block, grouped, group_scales, residual, add_residual, out):
     """out (T, N) = x (T, K) times the q8_0 weight (+ residual): interleaved groups for a few rows, else row by row."""
-    if x.shape[0] <= FEW_ROWS and WIDE:
-        _q8_0_lanes_into(x, grouped, group_scales, residual, add_residual, out)
-    elif x.shape[0] <= FEW_ROWS:
-        _q8_0_few_into(x, grouped, group_scales, residual, add_residual, out)
-    else:
+    if x.shape[0] > FEW_ROWS:
         _q8_0_many_into(x, codes, scales, block, residual, add_residual, out)
+    elif WIDE:                                                # fixed for this CPU when the module loads
+        _q8_0_lanes_into(x, grouped, group_scales, residual, add_residual, out)
+    else:
+        _q8_0_few_into(x, grouped, group_scales, residual, add_residual, out)
 
 
 @njit(nogil=True, cache=True)
@@ -180,12 +180,12 @@ def _q4_1_many_into(x, codes, scales, mins, block, residual, add_residual, out):
 @njit(nogil=True, cache=True)
 def _q4_1_into(x, codes, scales, mins, block, grouped, group_scales, group_mins, residual, add_residual, out):
     """out (T, N) = x (T, K) times the q4_1 weight (+ residual): interleaved groups for a few rows, else row by row."""
-    if x.shape[0] <= FEW_ROWS and WIDE:
-        _q4_1_lanes_into(x, grouped, group_scales, group_mins, residual, add_residual, out)
-    elif x.shape[0] <= FEW_ROWS:
-        _q4_1_few_into(x, grouped, group_scales, group_mins, residual, add_residual, out)
-    else:
+    if x.shape[0] > FEW_ROWS:
         _q4_1_many_into(x, codes, scales, mins, block, residual, add_residual, out)
+    elif WIDE:                                                # fixed for this CPU when the module loads
+        _q4_1_lanes_into(x, grouped, group_scales, group_mins, residual, add_residual, out)
+    else:
+        _q4_1_few_into(x, grouped, group_scales, group_mins, residual, add_residual, out)
 
 
 @njit(nogil=True, cache=True)
