@@ -17,6 +17,7 @@ COMMANDS = {
     "serve": ("minibatch.serving.server", "an OpenAI-compatible HTTP server"),
     "loadtest": ("minibatch.serving.loadtest", "replay a workload against any OpenAI-compatible server"),
     "profile": ("minibatch.tools.profile", "where a decode step's time goes, part by part, at a few batch sizes"),
+    "overhead": ("minibatch.tools.overhead", "the fixed cost of a decode step against the model's size, measured"),
     "prefix": ("minibatch.bench.prefix", "TTFT, prefill tokens and tokens/s with prefix caching on and off"),
     "speculate": ("minibatch.bench.speculative", "one user's tokens/s with and without each speculative proposer"),
     "doctor": ("minibatch.tools.doctor", "preflight before a workshop: is this machine ready for the course?"),

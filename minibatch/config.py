@@ -61,8 +61,9 @@ class EngineConfig:
     attention_backend: str = knob("auto", "'auto' ('numba' on the fast path, 'torch' on the reference path), 'torch' "
                                           "(the readable reference), 'numba' (CPU kernels), 'numba-cuda' (GPU kernels)")
     clock: str = knob("real", "'real' wall-clock time; 'simulated' time from a cost model")
-    sim_profile: str = knob("smollm2-135m-cpu", "clock='simulated': the cost model, a shipped profile name or a "
-                                                "profile JSON path")
+    sim_profile: str = knob("smollm2-135m-cpu", "clock='simulated': the cost model, a profile name or a JSON path; "
+                                                "a name is your own profile (`python -m minibatch calibrate`, in "
+                                                "the model cache) if you made one, else the shipped one")
     sim_skip_model: bool = knob(False, "clock='simulated': skip the model, emit placeholder tokens, run each request "
                                        "to max_new_tokens")
     seed: int = knob(0, "default seed for sampled requests that set none")
@@ -186,7 +187,11 @@ def _check_range(owner: str, name: str, value, low: float, high: float, open_low
 
 @dataclass
 class SamplingParams:
-    """How one request chooses its tokens and when it stops: vLLM's fields, names and meanings."""
+    """How one request chooses its tokens and when it stops: vLLM's fields, names and meanings.
+
+    `prompt_logprobs` scores the prompt too (an evaluation harness's log-likelihood): as in vLLM, a request
+    that asks computes every prompt token itself, reusing no cached prefix (enable_prefix_caching), since a
+    prefix read from the cache has no logits; the blocks it fills are cached for the requests after it."""
 
     max_new_tokens: int = 16             # most tokens to generate (OpenAI/vLLM: max_tokens)
     min_tokens: int = 0                  # EOS and stop_token_ids are masked until this many tokens are out
@@ -203,6 +208,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # extra token ids that end the request
     ignore_eos: bool = False             # keep generating past the end-of-sequence token (for benchmarks)
     logprobs: int | None = None          # return each chosen token's log-probability and the top-N (raw model distribution)
+    prompt_logprobs: int | None = None   # return each prompt token's log-probability and the top-N at its position (vLLM)
     priority: int = 0                    # lower is served earlier with scheduling_policy="priority"; else it must stay 0 (vLLM)
 
     def __post_init__(self):
@@ -236,6 +242,10 @@ class SamplingParams:
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             fail(owner, "logprobs", self.logprobs, f"None, or an integer in [0, {MAX_LOGPROBS}] (top log-probabilities per token)")
+        if self.prompt_logprobs is not None and (isinstance(self.prompt_logprobs, bool) or not isinstance(
+                self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            fail(owner, "prompt_logprobs", self.prompt_logprobs,
+                 f"None, or an integer in [0, {MAX_LOGPROBS}] (top log-probabilities per prompt token)")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             fail(owner, "priority", self.priority, "an integer")
         # What the sampler asks of a request at every step, decided once (attributes, not fields):
@@ -244,5 +254,7 @@ class SamplingParams:
                           or self.frequency_penalty != 0.0)   # penalties need the request's token history
 
     def for_sample(self, index: int) -> "SamplingParams":
-        """The params of the index-th of n continuations: one sample each; a seeded request's i-th gets seed + i (vLLM)."""
-        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)
+        """The params of the index-th of n continuations: one sample each; a seeded request's i-th gets seed + i (vLLM).
+        The continuations share one prompt, so only the first scores it (`prompt_logprobs`)."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index,
+                       prompt_logprobs=self.prompt_logprobs if index == 0 else None)

@@ -60,6 +60,9 @@ class RequestOutput:
     metrics: RequestMetrics
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0     # prompt tokens served from the prefix cache (vLLM's name)
+    # per prompt token (params.prompt_logprobs, vLLM's shape): None for the first, then {token id: log-probability}
+    # holding the prompt's own token and the top-N at its position; once per prompt, whatever n
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 class LLM:
@@ -113,7 +116,8 @@ class LLM:
                    for i, r in enumerate(samples)]
         first = samples[0]
         return RequestOutput(first.request_id, prompt, first.prompt_token_ids, outputs[0].token_ids, outputs[0].text,
-                             outputs[0].finish_reason, RequestMetrics.of(first), outputs, first.num_cached_tokens)
+                             outputs[0].finish_reason, RequestMetrics.of(first), outputs, first.num_cached_tokens,
+                             first.prompt_logprobs)
 
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Serve every prompt, all arriving now; outputs come back in prompt order, each with its n continuations."""
@@ -121,6 +125,7 @@ class LLM:
         samples = [[self.engine.add_request(i, p.for_sample(k)) for k in range(p.n)] for i, p in zip(ids, params)]
         with tqdm(total=sum(map(len, samples)), desc="generate", unit="req", disable=not use_tqdm) as bar:
             while self.engine.has_unfinished():
+                self.engine.follow_free_cores()
                 finished = self.engine.step()
                 bar.update(len(finished or ()))
         return [self._output(s, p) for s, p in zip(samples, prompts)]

@@ -65,6 +65,12 @@ def test_each_wing_imports_only_itself_and_the_wings_below_it():
     assert not wrong, "a wing imports a wing above it (order: " + " < ".join(WINGS) + "):\n" + "\n".join(wrong)
 
 
+def test_imports_are_absolute_so_the_order_check_sees_them():
+    relative = [f"{p.relative_to(PACKAGE.parent)}:{node.lineno}" for p in package_files()
+                for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ImportFrom) and node.level]
+    assert not relative, f"write these imports as `from minibatch.<wing>...`: {relative}"
+
+
 def test_engine_imports_nothing_above_it():
     wrong = []
     for path in sorted((PACKAGE / "engine").rglob("*.py")):

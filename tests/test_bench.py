@@ -3,6 +3,7 @@ rejected, runs interleaved, the results' JSON shape, the roofline arithmetic. No
 import json
 
 import pytest
+import torch
 
 from minibatch.__main__ import main as cli
 from minibatch.bench import measure, report, roofline
@@ -209,6 +210,25 @@ def test_saturating_batch_is_the_knee_of_the_roofline():
     row = balance(compute_only, context)
     assert row["overhead_share_batch1"] == pytest.approx(0.01 / (0.01 + per_seq / 1e9))
     assert row["overhead_share_saturated"] == pytest.approx(0.5, abs=0.05)
+
+
+def test_kv_against_weights_and_saturation_by_overhead():
+    from minibatch.analysis.roofline import kv_against_weights, saturating_batch, saturation_by_overhead
+    from minibatch.engine.kv import kv_bytes_per_token
+    from minibatch.engine.models.tiny import tiny_config
+    from minibatch.sim.costmodel import ModelSize, RooflineCostModel
+    config = tiny_config()                                   # 4 layers, 2 KV heads of 32, fp32 here
+    row = kv_against_weights(config, torch.float32)
+    size = ModelSize.of(config)
+    assert row["kv_bytes_per_token"] == kv_bytes_per_token(4, 2, 32, torch.float32) == 2 * 4 * 2 * 32 * 4
+    assert row["weight_bytes"] == 4 * (size.body_params + size.lm_head_params)
+    assert row["match_tokens"] == pytest.approx(row["weight_bytes"] / row["kv_bytes_per_token"])
+    bf16 = kv_against_weights(config)                        # the default: halves both, the ratio stays
+    assert bf16["kv_per_weight_byte"] == pytest.approx(row["kv_per_weight_byte"])
+    memory_only = RooflineCostModel(float("inf"), 1e9, 0.0, 4, 1.0, size)
+    by = saturation_by_overhead({"m": memory_only}, 64, overheads_s=(0.0, 1e-3))
+    assert by[0.0]["m"] == saturating_batch(memory_only, 64)
+    assert by[1e-3]["m"] > by[0.0]["m"]                      # an overhead per step is shared out by more sequences
 
 
 def test_bad_flags_are_refused_before_any_work(capsys):

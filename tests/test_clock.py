@@ -17,6 +17,7 @@ from minibatch.engine.clock import RealClock
 from minibatch.sim.costmodel import (LinearCostModel, ModelSize, RooflineCostModel, StepShape, cost_model, list_profiles,
                                  load_profile)
 from minibatch.engine.models.tiny import smollm2_shaped_config
+from minibatch.sim.stepcost import BandedCostModel
 from minibatch.engine.request import Request
 from minibatch.engine.schedulers import ScheduledSeq, StepPlan
 from minibatch.workloads import Poisson, Uniform, make_workload
@@ -68,7 +69,8 @@ def test_roofline_is_memory_bound_for_decode_and_compute_bound_for_long_prefill(
 
 def test_profiles_load_and_bad_ones_are_refused(tmp_path):
     assert {"smollm2-135m-cpu", "h100-roofline", "phone-roofline"} <= set(list_profiles())
-    assert isinstance(cost_model("smollm2-135m-cpu"), LinearCostModel)
+    assert isinstance(cost_model("smollm2-135m-cpu"), BandedCostModel)   # today's engine, fitted by row band
+    assert isinstance(cost_model("first-engine-cpu"), LinearCostModel)   # the first engine's straight line
     with pytest.raises(ConfigError, match="sim_profile='no-such-profile'"):
         load_profile("no-such-profile")
     with pytest.raises(ConfigError, match="roofline"):

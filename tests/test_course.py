@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 GLOSSARY = ["request", "sequence", "step", "prefill", "decode", "slot", "batch size", "token budget", "block",
             "block table", "TTFT", "TPOT", "e2e latency", "queue time", "throughput", "goodput", "SLA",
-            "utilisation", "preemption"]
+            "utilisation", "preemption", "KV cache", "memory-bound"]
 LINK = re.compile(r"\]\(([^)#:\s]+)(#[^)]*)?\)")        # a relative markdown link: ](path) or ](path#anchor)
 
 

@@ -3,7 +3,8 @@ import importlib
 
 import pytest
 
-EXPERIMENTS = {"products": ["paths", "formats", "rates"], "layers": ["steps", "parts", "compile"], "attention": []}
+EXPERIMENTS = {"products": ["paths", "formats", "rates"], "layers": ["steps", "parts", "compile"], "attention": [],
+               "threads": []}
 
 
 @pytest.mark.parametrize("name, sub", [(n, s) for n, subs in EXPERIMENTS.items() for s in [None, *subs]])
@@ -21,6 +22,7 @@ def test_an_experiment_answers_help(name, sub, capsys):
     (["layers", "parts", "--reps", "0"], "--reps"),
     (["layers", "steps", "--batch-sizes", "1", "-2"], "--batch-sizes"),
     (["attention", "--decode", "8by48"], "--decode"),
+    (["threads", "--rounds", "0"], "--rounds"),
 ])
 def test_an_experiment_refuses_a_bad_count(argv, flag, capsys):
     module = importlib.import_module(f"minibatch.bench.experiments.{argv[0]}")

@@ -152,3 +152,14 @@ def test_a_running_engine_follows_the_cores_another_program_takes_after_it_start
 def test_a_fixed_thread_count_is_not_followed():
     assert LLM(EngineConfig(model="tiny", cpu_threads=1)).engine.threads is None
     assert LLM(EngineConfig(model="tiny")).engine.threads is not None
+
+
+def test_an_engine_looks_between_its_steps_when_it_serves_and_generates():
+    llm = LLM(EngineConfig(model="tiny"))
+    looks = []
+    llm.engine.threads.follow = lambda: looks.append(1) or llm.engine.cpu_threads
+    from minibatch import SamplingParams, WorkloadRequest
+    llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3), use_tqdm=False)
+    generated = len(looks)
+    llm.run([WorkloadRequest(0.0, [4, 5, 6], SamplingParams(max_new_tokens=3))], use_tqdm=False)
+    assert generated >= 3 and len(looks) >= generated + 3           # once before every step of both loops

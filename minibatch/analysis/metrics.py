@@ -1,4 +1,5 @@
-"""What a run measured: the records of its requests and steps (`minibatch.engine.records`), and their summary.
+"""What a run measured: the records of its requests and steps (`minibatch.engine.records`), and their summary,
+over the whole run or per class of request (`class_tails`).
 
 Latency names follow the serving literature and vLLM: queue time (arrival to first scheduled),
 TTFT (arrival to first output token), TPOT (mean time between output tokens after the first),
@@ -11,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from minibatch.config import ConfigError
 from minibatch.engine.records import RequestMetrics, StepRecord
 
 
@@ -85,3 +87,20 @@ class RunReport:
     def to_dict(self) -> dict:
         return {"summary": self.summary(), "requests": [asdict(r) for r in self.requests],
                 "steps": [asdict(s) for s in self.steps]}
+
+
+def class_tails(report: RunReport, classes: list[str], metric: str = "ttft",
+                percentiles: tuple[float, ...] = (50, 99)) -> dict[str, dict[str, float | None]]:
+    """{class: {"requests": n, "p50_ttft_s": ..., "p99_ttft_s": ..., "max_ttft_s": ...}} over the
+    requests of each class (`classes` in the order of report.requests)."""
+    if len(classes) != len(report.requests):
+        raise ConfigError(f"classes has {len(classes)} entries for {len(report.requests)} requests: "
+                          "give one per request")
+    table = {}
+    for kind in sorted(set(classes)):
+        values = [getattr(r, metric) for r, k in zip(report.requests, classes) if k == kind]
+        row = {"requests": len(values)}
+        row.update({f"p{q:g}_{metric}_s": percentile(values, q) for q in percentiles})
+        row[f"max_{metric}_s"] = max((v for v in values if v is not None), default=None)
+        table[kind] = row
+    return table

@@ -1,23 +1,24 @@
 """Where a step's time goes: scheduling, input preparation, each kind of model work, sampling, the rest.
 
 With `EngineConfig(profile_steps=True)` the engine wraps the runner's input preparation and the
-model's parts (embedding lookup, norms, attention, MLP, LM head) in timers, and each step's record
-carries the seconds of every part in `phase_times`. On CUDA a timer synchronises the device before
-and after, so a part is charged for its kernels rather than their launch; that slows the profiled
-run down, so profile to understand and benchmark with the flag off. With the flag off nothing is
-wrapped and steps run as before.
+model's parts (norms, attention, MLP, LM head) in timers, on the path it runs, and each step's record
+carries the seconds of every part in `phase_times`; where the fast path ran a step's layers as whole
+compiled calls, their parts are timed apart on the same kernels (`engine/timing.py`). On CUDA a timer
+synchronises the device before and after, so a part is charged for its kernels rather than their
+launch; that slows the profiled run down, so profile to understand and benchmark with the flag off.
+With the flag off nothing is wrapped and steps run as before.
 
 The parts of a step, and which of them are overhead (work that does not grow with the model):
 
     schedule   the scheduler, KV block bookkeeping and the step record         overhead
     propose    draft tokens (speculative decoding only)                         draft
     prepare    packing ids, positions, slots and metadata into tensors         overhead
-    embed      embedding lookup and rotary tables                              model
     norm       RMSNorms                                                        model
-    attention  q|k|v and output projections, rotary, KV write, paged attention model
+    attention  q|k|v and output products, rotary, KV write, paged attention   model
     mlp        SwiGLU MLP                                                      model
     lm_head    the vocabulary projection of the sampling rows                  model
-    other      the rest of the forward pass: Python between layers             overhead
+    other      the rest of the forward pass: the embedding lookup, Python between overhead
+               layers
     sample     logits to tokens                                                overhead
     update     appending tokens, stop checks, freeing finished requests        overhead
 

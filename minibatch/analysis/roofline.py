@@ -4,13 +4,18 @@ A step's time under a roofline cost model (`minibatch.sim.costmodel.RooflineCost
 overhead plus the larger of its memory time (bytes moved / bandwidth) and its compute time (FLOPs /
 peak FLOP/s). From it: the parts of one decode step (`step_parts`), the bounds a measured step is set
 against (`bounds`), the batch at which decode tokens/s reach half of what any batch could
-(`saturating_batch`) and what sets a model's serving speed on a machine (`balance`). The peaks
-themselves are measured by `minibatch.bench.roofline`.
+(`saturating_batch`, and at several overheads `saturation_by_overhead`), what sets a model's serving
+speed on a machine (`balance`) and its KV bytes against its weight bytes (`kv_against_weights`). The
+peaks themselves are measured by `minibatch.bench.roofline`.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
+from minibatch.engine.kv import kv_bytes_per_token
+from minibatch.engine.models.shape import ModelShape
 from minibatch.sim.costmodel import ModelSize, RooflineCostModel, StepShape
 
 
@@ -55,3 +60,20 @@ def bounds(size: ModelSize, bytes_per_value: int, flops: float, bandwidth: float
     parts = step_parts(RooflineCostModel(flops, bandwidth, 0.0, bytes_per_value, 1.0, size), batch, context // batch)
     return {"memory_bound_s": parts["memory_s"], "compute_bound_s": parts["compute_s"],
             "bound_s": max(parts["memory_s"], parts["compute_s"])}
+
+
+def kv_against_weights(config, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """A model's KV bytes per token against the weight bytes a decode step reads, from its Hugging Face config
+    with the engine's own arithmetic; `match_tokens`: the cached tokens of a whole batch (batch x context) whose
+    KV reads take as long as reading the weights once. Past it, a step's bytes are mostly KV cache."""
+    shape, size = ModelShape(config), ModelSize.of(config)
+    kv = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype)
+    weights = (size.body_params + size.lm_head_params) * torch.empty((), dtype=dtype).element_size()
+    return {"weight_bytes": weights, "kv_bytes_per_token": kv, "kv_per_weight_byte": kv / weights,
+            "match_tokens": weights / kv}
+
+
+def saturation_by_overhead(costs: dict, context: int, overheads_s=(0.0, 0.5e-3, 2e-3)) -> dict:
+    """{overhead_s: {label: saturating batch}}: each cost model's saturating batch with its overhead replaced."""
+    return {o: {label: saturating_batch(replace(cost, overhead_s=o), context) for label, cost in costs.items()}
+            for o in overheads_s}

@@ -24,16 +24,27 @@ class Case:
     kwargs: dict = field(default_factory=dict)  # keyword arguments, if any
 
 
+class NotSolved(NotImplementedError):
+    """Raised by a checker when the answer still shows the exercise's planted symptom (a debugging
+    exercise's buggy code, as handed out): reported as "not solved yet" with the symptom, not as an error,
+    while other wrong answers still raise."""
+
+
 def checker(title: str, debug: bool = False) -> Callable:
     """Decorator turning a checking function into a learner-facing checker named `title`. With `debug`
     (a debugging exercise, whose stub is a piece with a planted bug, not a blank) a wrong answer is
-    reported "not solved" with its message instead of raising, so the buggy stub's notebook runs on."""
+    reported "not solved" with its message instead of raising, so the buggy stub's notebook runs on.
+    A checker that tells the planted bug from other wrong answers raises NotSolved for it instead."""
 
     def decorate(body: Callable) -> Callable[..., CheckResult]:
         @functools.wraps(body)
         def run(*answers, **options) -> CheckResult:
             try:
                 cases = body(*answers, **options)
+            except NotSolved as err:
+                message = f"{title}: not solved yet: {err}"
+                print("○ " + message)
+                return CheckResult(False, message)
             except NotImplementedError:
                 message = (f"{title}: not solved yet. Replace `raise NotImplementedError(...)` "
                            "with your code and run the cell again.")
@@ -78,8 +89,8 @@ def same_value(got: Any, expected: Any) -> bool:
             return bool(np.allclose(got, expected, rtol=1e-5, atol=1e-6, equal_nan=True))
         return bool(np.array_equal(got, expected))
     if isinstance(expected, float) or isinstance(got, float):
-        return (isinstance(got, (int, float, np.number)) and not isinstance(got, bool)
-                and math.isclose(got, expected, rel_tol=1e-5, abs_tol=1e-6))
+        numbers = all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in (got, expected))
+        return numbers and math.isclose(got, expected, rel_tol=1e-5, abs_tol=1e-6)
     if isinstance(expected, (list, tuple)):
         return (isinstance(got, (list, tuple)) and len(got) == len(expected)
                 and all(same_value(g, e) for g, e in zip(got, expected)))

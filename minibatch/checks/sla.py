@@ -23,6 +23,19 @@ def check_latency_metrics(request_latencies, percentile):
              Case((1.0, [1.25, 1.5, 2.0]), (0.25, 0.375, 1.0)),
              Case((2.0, [2.0, 2.0]), (0.0, 0.0, 0.0))]
     cases += [Case((arrival, times), (m.ttft, m.tpot, m.e2e)) for arrival, times, m in _simulated_requests()]
+    three, one = request_latencies(1.0, [1.25, 1.5, 2.0]), request_latencies(0.0, [0.5])
+    if isinstance(three, tuple) and len(three) == 3 and three[1] == 0.25:
+        raise AssertionError("for tokens at 1.25, 1.5 and 2.0 s your TPOT is 0.25 s, (2.0 - 1.25) / 3: three tokens have "
+                             "two gaps between them, so divide by len(token_times) - 1")
+    if isinstance(one, tuple) and len(one) == 3 and one[1] is not None:
+        raise AssertionError(f"a one-token answer has no gap between tokens, so no TPOT: return None, not {one[1]!r}")
+    spread = [5.0, 1.0, 4.0, 2.0, 3.0]
+    if percentile(list(spread), 90) == 2.6:
+        raise AssertionError("percentile([5, 1, 4, 2, 3], 90) came back as 2.6: sort the values before finding the "
+                             "position (n - 1) * q / 100")
+    if percentile(list(spread), 90) == 5.0:
+        raise AssertionError("percentile([5, 1, 4, 2, 3], 90) came back as 5.0, the nearest rank: the position is "
+                             "(5 - 1) * 0.9 = 3.6, so interpolate between the 4th and 5th smallest: 4.6")
     count = check_cases(request_latencies, cases)
     rng = np.random.default_rng(10)
     samples = [[3.0], [1.0, 2.0], [5.0, 1.0, 4.0, 2.0, 3.0]]
@@ -64,4 +77,14 @@ def check_pick_config(pick_config):
     cases += [Case((hand, {"p99_ttft_s": 1.0}), hand[0]),                # a and c tie: the first one
               Case((hand, {"p99_ttft_s": 2.0}), hand[1]),                # exactly at the limit meets it
               Case((hand, {"p99_ttft_s": 0.1}), None), Case(([], {"p99_ttft_s": 1.0}), None)]
+    picked = pick_config(list(hand), {"p99_ttft_s": 1.0})
+    if picked == hand[1]:
+        raise AssertionError("with a p99 TTFT limit of 1.0 s you picked row 'b', the fastest, whose p99 TTFT is 2.0 s: "
+                             "only rows within every limit count")
+    if picked == hand[2]:
+        raise AssertionError("rows 'a' and 'c' both meet the limit at 10 tokens/s and you picked 'c': of equally fast "
+                             "rows, the first in the list wins (compare with >, not >=)")
+    if pick_config(list(hand), {"p99_ttft_s": 2.0}) != hand[1]:
+        raise AssertionError("with a limit of 2.0 s row 'b' (p99 TTFT exactly 2.0 s, 30 tokens/s) meets it: a value "
+                             "equal to the limit is within it (<=)")
     return check_cases(pick_config, cases)

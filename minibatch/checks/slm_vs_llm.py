@@ -1,5 +1,6 @@
 """Chapter 13 (SLM versus LLM batching): the knee of the tokens/s curve, where batching stops paying
-in full, for the 135M model and a 7B shape on a GPU and on a CPU."""
+in full, for the 135M model and Llama-3-8B's shape on a GPU and on a CPU; and a prediction of which
+of the two saturates later, at several per-step overheads (`check_overhead_ranking`)."""
 
 from minibatch.checks.core import Case, check_cases, checker
 
@@ -24,21 +25,27 @@ def decode_step_s(cost, context):
     return lambda batch: step_parts(cost, batch, context)["step_s"]
 
 
-def shapes():
-    """The cost models the checker and the exercise use: SmolLM2-135M and Llama-2-7B on the shipped GPU
-    profile (H100-class, bfloat16) and on a CPU like this course's laptop (fp32, modelled)."""
+def configs() -> dict:
+    """The two models compared: SmolLM2-135M (the course's) and Llama-3-8B's shape (8 KV heads, GQA)."""
     from transformers import LlamaConfig
 
     from minibatch.engine.models import load_model_spec
+
+    llama3_8b = LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                            head_dim=128, intermediate_size=14336, vocab_size=128256)
+    return {"135M": load_model_spec("smollm2-135m").config, "8B": llama3_8b}
+
+
+def shapes():
+    """The cost models the checker and the exercise use: SmolLM2-135M and Llama-3-8B on the shipped GPU
+    profile (H100-class, bfloat16) and on a CPU like this course's laptop (fp32, modelled)."""
     from minibatch.sim.costmodel import ModelSize, RooflineCostModel, cost_model
 
-    smollm2 = load_model_spec("smollm2-135m").config
-    llama2_7b = LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-                            head_dim=128, intermediate_size=11008, vocab_size=32000)
     laptop = lambda config: RooflineCostModel(1.5e11, 2e10, 2e-3, 4, 0.7, ModelSize.of(config))   # noqa: E731
-    return {("135M", "GPU"): cost_model("h100-roofline", smollm2),
-            ("7B", "GPU"): cost_model("h100-roofline", llama2_7b),
-            ("135M", "CPU"): laptop(smollm2), ("7B", "CPU"): laptop(llama2_7b)}
+    out = {}
+    for name, config in configs().items():
+        out[(name, "GPU")], out[(name, "CPU")] = cost_model("h100-roofline", config), laptop(config)
+    return out
 
 
 def _hand_step_s(batch):

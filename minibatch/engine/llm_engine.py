@@ -19,6 +19,7 @@ from minibatch.engine.plugins import Plugins
 from minibatch.engine.records import BlockTableRecorder, PhaseTimer, StepRecord
 from minibatch.engine.request import Request
 from minibatch.engine.resolve import resolve
+from minibatch.engine.runner import keep_prompt_logprobs
 from minibatch.engine.schedulers import StepPlan
 from minibatch.engine.speculative import make_decoder
 from minibatch.engine.threads import ThreadFollower, use_threads
@@ -109,9 +110,13 @@ class LLMEngine:
         if any(t >= self.model.vocab_size for t in params.logit_bias or {}):
             raise ConfigError(f"SamplingParams.logit_bias={params.logit_bias!r} is not allowed: token ids are in "
                               f"[0, {self.model.vocab_size})")
+        if params.prompt_logprobs is not None and self.config.sim_skip_model:
+            raise ConfigError(f"SamplingParams.prompt_logprobs={params.prompt_logprobs} is not allowed with "
+                              "EngineConfig.sim_skip_model=True: no model runs to score the prompt; leave it at None")
         if self.decoder.drafts:
-            for name, neutral in (("logprobs", None), ("min_tokens", 0), ("repetition_penalty", 1.0),
-                                  ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("logit_bias", None)):
+            for name, neutral in (("logprobs", None), ("prompt_logprobs", None), ("min_tokens", 0),
+                                  ("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                                  ("logit_bias", None)):
                 if getattr(params, name) not in (neutral, {}):
                     raise ConfigError(f"SamplingParams.{name}={getattr(params, name)!r} is not allowed with "
                                       "speculative decoding (EngineConfig.speculative_method="
@@ -161,11 +166,18 @@ class LLMEngine:
     def serve(self, arrivals) -> None:
         """Serve requests as they arrive (an `engine.arrivals.Arrivals`) until none remain."""
         while arrivals.admit(self) or self.has_unfinished():
+            self.follow_free_cores()
             finished = self.step()
             if finished is None:                                         # nothing can run yet: wait
                 arrivals.wait_until(self, self.next_wake_time(arrivals.next_event()))
             else:
                 arrivals.after_step(finished)
+
+    def follow_free_cores(self) -> None:
+        """Between steps: take the cores other programs leave free now (`threads.ThreadFollower`, on the CPU
+        when `cpu_threads` is not fixed; it looks at most once a second)."""
+        if self.threads:
+            self.cpu_threads = self.threads.follow()
 
     def abort(self, request: Request, reason: str = "abort") -> None:
         """End a request between steps ("abort": a client went away; "stop": a stop string); its blocks go back."""
@@ -185,8 +197,6 @@ class LLMEngine:
     def step(self) -> list[Request] | None:
         """One step; returns the requests that finished in it, or None if nothing could run."""
         timer, start = PhaseTimer(self.profiler), self.clock.now()
-        if self.threads:
-            self.cpu_threads = self.threads.follow()                     # the cores other programs leave free
         with timer("schedule"):
             queries, hits = self.prefix_cache_queries, self.prefix_cache_hits
             plan = self.scheduler.schedule(start)
@@ -200,6 +210,7 @@ class LLMEngine:
         with timer("model"):
             logits = self.runner.execute(plan)                           # (S, V), plus a row per draft token
         with timer("sample"):
+            logits = keep_prompt_logprobs(plan, logits)                  # prompt_logprobs rows: scored, split off
             outputs, logprobs, record.spec_outcomes = self.decoder.choose(logits, plan)  # 1 to k + 1 tokens each
         with timer("update"):
             record.end = self.clock.charge_step(plan, start)

@@ -36,9 +36,17 @@ class Request:
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # when each output token was produced
     output_logprobs: list[dict[int, float]] = field(default_factory=list)  # per output token, if params.logprobs
+    # per prompt token, if params.prompt_logprobs: None for the first (nothing predicts it), then the token's and the
+    # top-N log-probabilities at its position, and the token's rank there (1: the most likely); filled as prefill runs
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_token_ranks: list[int | None] | None = None
     finish_time: float | None = None
     finish_reason: str | None = None    # "stop" (EOS or stop token), "length" (max_new_tokens), "abort"
     num_preemptions: int = 0
+
+    def __post_init__(self):
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs, self.prompt_token_ranks = [None], [None]
 
     @property
     def num_tokens(self) -> int:

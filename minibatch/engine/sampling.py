@@ -40,6 +40,19 @@ def most_likely(logits: torch.Tensor) -> list[int]:
     return logits.argmax(dim=-1).tolist()
 
 
+def score_tokens(logits: torch.Tensor, token_ids: list[int], top_n: int) -> tuple[list[dict[int, float]], list[int]]:
+    """The raw log-probabilities of given tokens (a prompt's, `prompt_logprobs`) from their rows of logits (P, V):
+    per row, a dict with the token's and the top-N tokens' (the token first, as for a chosen token), and the
+    token's rank (1 + the tokens strictly more likely, as vLLM counts it)."""
+    raw = logits.float().log_softmax(-1)                                     # (P, V)
+    given = raw.gather(-1, torch.tensor(token_ids, device=raw.device)[:, None])  # (P, 1)
+    ranks = ((raw > given).sum(-1) + 1).tolist()                             # (P,)
+    top = torch.topk(raw, top_n, dim=-1)                                     # (P, N) values and ids
+    dicts = [{token: value} | dict(zip(ids, values)) for token, value, ids, values in
+             zip(token_ids, given[:, 0].tolist(), top.indices.tolist(), top.values.tolist())]
+    return dicts, ranks
+
+
 def filter_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, min-p, top-k, top-p on sampled rows of logits (S, V); removed tokens get -inf."""
     temperature = torch.tensor([p.temperature for p in params], device=logits.device)

@@ -15,6 +15,7 @@ import re
 import reprlib
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,6 +25,7 @@ from starlette.exceptions import HTTPException
 from minibatch.config import ConfigError, SamplingParams
 from minibatch.engine.llm_engine import LLMEngine
 from minibatch.serving.monitoring import CONTENT_TYPE
+from minibatch.serving.echo import PromptEcho
 from minibatch.serving.engine_thread import EngineThread, Job
 from minibatch.serving.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from minibatch.serving.reply import Reply
@@ -92,13 +94,16 @@ class OpenAIServer:
             raise APIError(400, str(error), param=named and {"max_new_tokens": "max_tokens"}.get(named[1], named[1])) from None
         # stamped now, not when the engine thread takes it in at the next step: that wait is part of its TTFT
         loop, arrival, updates = asyncio.get_running_loop(), self.engine.clock.now(), asyncio.Queue()
-        return [Job(ids, params.for_sample(i), body.stop_strings, loop, arrival, i, updates)
-                for i in range(params.n)], len(ids)
+        samples = [params.for_sample(i) for i in range(params.n)]        # the first scores the prompt (if asked)
+        if body.stream and params.prompt_logprobs is not None:           # each streamed choice echoes it at once
+            samples = [replace(p, prompt_logprobs=params.prompt_logprobs) for p in samples]
+        return [Job(ids, p, body.stop_strings, loop, arrival, i, updates) for i, p in enumerate(samples)], len(ids)
 
     async def complete(self, body, request: Request, chat: bool):
         jobs, num_prompt = self.prepare(body, chat)
         self.worker.submit(jobs)
-        reply = Reply(new_id("chatcmpl" if chat else "cmpl"), self.model_name, chat, num_prompt, len(jobs))
+        echo = None if chat else PromptEcho.of(body, jobs[0].prompt_ids, self.encoder.decode)
+        reply = Reply(new_id("chatcmpl" if chat else "cmpl"), self.model_name, chat, num_prompt, len(jobs), echo)
         if body.stream:
             return StreamingResponse(self.stream(jobs, reply, body.include_usage, body.continuous_usage),
                                      media_type="text/event-stream")

@@ -22,7 +22,7 @@ from minibatch.engine.arrivals import Arrivals
 from minibatch.engine.llm_engine import LLMEngine
 from minibatch.engine.threads import adopt_threads
 from minibatch.serving.protocol import APIError
-from minibatch.serving.responses import TokenLogprob
+from minibatch.serving.responses import TokenLogprob, token_entry
 from minibatch.serving.text import TextStream
 
 KEEP_STEP_RECORDS = 10_000       # the engine's per-step records a long-running server keeps
@@ -37,6 +37,7 @@ class Update:
     error: str | None = None        # set instead when the server ended the request (shutdown)
     logprobs: list[TokenLogprob] | None = None  # the tokens produced since the last update, if asked for
     num_cached_tokens: int = 0      # prompt tokens found in the prefix cache (vLLM's usage.prompt_tokens_details)
+    prompt_logprobs: tuple | None = None  # on the first update, if asked: the request's (prompt_logprobs, ranks)
 
 
 class Job:
@@ -190,6 +191,9 @@ class EngineThread(Arrivals):
             n = len(request.output_token_ids)
             if n == job.seen and not request.is_finished:
                 continue
+            scores = None                   # the prompt's scores, complete once its first token is out
+            if job.seen == 0 and request.prompt_logprobs is not None:
+                scores = (request.prompt_logprobs, request.prompt_token_ranks)
             job.seen = n
             text_end = n - 1 if request.finish_reason == "stop" else n   # EOS or a stop token: not in the text
             new_text = job.decoder.push(request.output_token_ids[job.decoded:text_end])
@@ -202,13 +206,13 @@ class EngineThread(Arrivals):
             if request.is_finished:
                 updates.append((job, Update(job.index, delta, n, "stop" if stopped else request.finish_reason,
                                             logprobs=self._new_logprobs(job),
-                                            num_cached_tokens=request.num_cached_tokens)))
+                                            num_cached_tokens=request.num_cached_tokens, prompt_logprobs=scores)))
                 del self._active[rid]
                 self.engine.release(request)
             else:       # an update even when the new tokens have no text yet (a special token, half a
                         # character, a held-back stop-string prefix): a chunk per step with tokens, as vLLM streams
                 updates.append((job, Update(job.index, delta, n, logprobs=self._new_logprobs(job),
-                                            num_cached_tokens=request.num_cached_tokens)))
+                                            num_cached_tokens=request.num_cached_tokens, prompt_logprobs=scores)))
         if updates:
             updates[0][0].loop.call_soon_threadsafe(deliver, updates)   # every job shares the server's loop
 
@@ -216,11 +220,8 @@ class EngineThread(Arrivals):
         """The log-probabilities of the tokens produced since the job's last update, with their texts."""
         if job.params.logprobs is None:
             return None
-        decode = lambda token_id: self.engine.prompts.decode([token_id])
-        entries = []
-        for token, logprobs in zip(job.request.output_token_ids[job.logprobs_sent:],
-                                   job.request.output_logprobs[job.logprobs_sent:]):
-            top = sorted(logprobs.items(), key=lambda item: -item[1])[:job.params.logprobs]
-            entries.append(TokenLogprob(decode(token), logprobs[token], [(decode(t), lp) for t, lp in top]))
+        entries = [token_entry(token, logprobs, job.params.logprobs, self.engine.prompts.decode)
+                   for token, logprobs in zip(job.request.output_token_ids[job.logprobs_sent:],
+                                              job.request.output_logprobs[job.logprobs_sent:])]
         job.logprobs_sent += len(entries)
         return entries

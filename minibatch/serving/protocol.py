@@ -3,7 +3,8 @@
 Request models are strict (a string is not a number) and forbid unknown fields, so a typo gets a
 400 naming the field instead of being silently ignored. They take the sampling fields vLLM's
 OpenAI server takes, with vLLM's names and meanings (`top_k`, `min_p`, the penalties, `min_tokens`,
-`stop_token_ids`, `ignore_eos`, `logprobs`, `n`, `priority`, ...). Fields that OpenAI's or vLLM's
+`stop_token_ids`, `ignore_eos`, `logprobs`, `n`, `priority`, ...); on completions, OpenAI's `echo`
+(with `max_tokens` 0 too) and vLLM's `prompt_logprobs` as well. Fields that OpenAI's or vLLM's
 clients send but this server does not implement (beam search, guided decoding, tools, ...) are
 accepted at their neutral value and answered with a 400 naming the field otherwise (`NEUTRAL`).
 Labels that change nothing (`user`, `metadata`, `request_id`, ...) are accepted and ignored.
@@ -34,7 +35,7 @@ class APIError(Exception):
 NEUTRAL = {
     "use_beam_search": (False,), "length_penalty": (1.0,), "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,), "truncate_prompt_tokens": (None,),
-    "allowed_token_ids": (None,), "bad_words": (None, []), "prompt_logprobs": (None,), "logits_processors": (None,),
+    "allowed_token_ids": (None,), "bad_words": (None, []), "logits_processors": (None,),
     "return_tokens_as_token_ids": (False, None), "return_token_ids": (False, None), "kv_transfer_params": (None,),
     "vllm_xargs": (None, {}), "response_format": (None, {"type": "text"}), "structured_outputs": (None,),
     "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
@@ -45,14 +46,14 @@ NEUTRAL = {
     "repetition_detection": (None,), "thinking_token_budget": (None, -1), "stream_interval": (None, 1),
     "media_io_kwargs": (None, {}),
 }
-COMPLETION_NEUTRAL = {"echo": (False,), "suffix": (None,), "add_special_tokens": (True,)}
+COMPLETION_NEUTRAL = {"suffix": (None,), "add_special_tokens": (True,)}
 CHAT_NEUTRAL = {
     "tools": (None, []), "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
     "functions": (None, []), "function_call": (None, "none", "auto"), "add_generation_prompt": (True,),
     "continue_final_message": (False,), "echo": (False,), "add_special_tokens": (False,), "chat_template": (None,),
     "chat_template_kwargs": (None, {}), "documents": (None,), "reasoning_effort": (None,), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,), "web_search_options": (None,), "verbosity": (None,),
-    "include_reasoning": (True, False), "return_prompt_text": (None, False),
+    "include_reasoning": (True, False), "return_prompt_text": (None, False), "prompt_logprobs": (None,),
 }
 # labels for the caller or for caches elsewhere: accepted with any value, they change nothing here
 LABELS = ("user", "metadata", "request_id", "session_id", "cache_salt", "store", "service_tier", "prompt_cache_key",
@@ -150,12 +151,19 @@ class _Sampling(BaseModel):
                     frequency_penalty=given(self.frequency_penalty, 0.0),
                     logit_bias={int(k): b for k, b in self.logit_bias.items()} if self.logit_bias else None,
                     seed=self.seed, stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
-                    logprobs=self.num_logprobs, priority=self.priority)
+                    logprobs=self.num_logprobs, prompt_logprobs=self.num_prompt_logprobs, priority=self.priority)
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        return None
 
 
 class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictInt]                 # text, or token ids
+    max_tokens: StrictInt | None = Field(None, ge=0)    # None: 16; 0 only with echo (the prompt alone is scored)
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top log-probabilities per token
+    echo: bool = False                                  # the prompt's text (and with logprobs, its tokens) first
+    prompt_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM: choices[i].prompt_logprobs
     best_of: StrictInt | None = None                    # accepted when it equals n: one sample per choice
 
     @classmethod
@@ -167,7 +175,23 @@ class CompletionRequest(_Sampling):
         if self.best_of not in (None, self.n or 1):
             raise APIError(400, f"best_of={self.best_of} is not supported by this server: leave it out or set it "
                            f"to n={self.n or 1}", param="best_of")
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(400, "max_tokens=0 is only allowed with echo=true (the prompt alone, scored with "
+                           "logprobs); ask for at least 1 token", param="max_tokens")
+        if self.prompt_logprobs is not None and self.stream:
+            raise APIError(400, f"prompt_logprobs={self.prompt_logprobs} is not allowed with stream=true (vLLM): "
+                           "leave it out, or use echo=true with logprobs", param="prompt_logprobs")
         return self
+
+    @property
+    def echo_only(self) -> bool:
+        """max_tokens 0 with echo: the engine computes one token, which the response leaves out (vLLM)."""
+        return self.echo and self.max_tokens == 0
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """vLLM's rule: prompt_logprobs if given, else with echo the logprobs' N (the echoed tokens are scored)."""
+        return self.prompt_logprobs if self.prompt_logprobs is not None or not self.echo else self.logprobs
 
     @property
     def num_logprobs(self) -> int | None:
@@ -175,7 +199,7 @@ class CompletionRequest(_Sampling):
 
     @property
     def wanted_tokens(self) -> int | None:
-        return self.max_tokens
+        return 1 if self.echo_only else self.max_tokens
 
 
 class TextPart(BaseModel):

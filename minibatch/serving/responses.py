@@ -3,7 +3,8 @@
 A response carries one choice per continuation (`n`), indexed from 0. Log-probabilities come in
 two shapes: the legacy completions one (parallel lists `tokens`, `token_logprobs`, `top_logprobs`
 as {token: logprob} dicts that include the chosen token, `text_offset`), and the chat one (a
-`content` list with each token, its logprob, its UTF-8 bytes and its `top_logprobs`).
+`content` list with each token, its logprob, its UTF-8 bytes and its `top_logprobs`). An echoed
+prompt's first token has no log-probability: null in both lists, as OpenAI and vLLM send it.
 """
 from __future__ import annotations
 
@@ -17,8 +18,14 @@ LOWEST_LOGPROB = -9999.0   # JSON has no -infinity: impossible tokens get this, 
 @dataclass
 class TokenLogprob:
     token: str                          # the chosen token's text
-    logprob: float
-    top: list[tuple[str, float]]        # the N most likely tokens at this position, most likely first
+    logprob: float | None               # None for a prompt's first token: nothing predicts it
+    top: list[tuple[str, float]] | None  # the N most likely tokens at this position, most likely first
+
+
+def token_entry(token_id: int, logprobs: dict[int, float], n: int, decode) -> TokenLogprob:
+    """One token's entry from the engine's {token id: log-probability} (the token's and the top-N's)."""
+    top = sorted(logprobs.items(), key=lambda item: -item[1])[:n]
+    return TokenLogprob(decode([token_id]), logprobs[token_id], [(decode([t]), lp) for t, lp in top])
 
 
 def new_id(prefix: str) -> str:
@@ -31,8 +38,8 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def _finite(logprob: float) -> float:
-    return max(logprob, LOWEST_LOGPROB)
+def finite(logprob: float | None) -> float | None:
+    return None if logprob is None else max(logprob, LOWEST_LOGPROB)
 
 
 def completion_logprobs(entries: list[TokenLogprob], offset: int) -> dict:
@@ -41,13 +48,15 @@ def completion_logprobs(entries: list[TokenLogprob], offset: int) -> dict:
     for e in entries:
         offsets.append(offset)
         offset += len(e.token)
-    return {"tokens": [e.token for e in entries], "token_logprobs": [_finite(e.logprob) for e in entries],
-            "top_logprobs": [{e.token: _finite(e.logprob)} | {t: _finite(lp) for t, lp in e.top} for e in entries],
+    return {"tokens": [e.token for e in entries], "token_logprobs": [finite(e.logprob) for e in entries],
+            "top_logprobs": [None if e.top is None else {e.token: finite(e.logprob)} | {t: finite(lp)
+                                                                                        for t, lp in e.top}
+                             for e in entries],
             "text_offset": offsets}
 
 
 def chat_logprobs(entries: list[TokenLogprob]) -> dict:
-    item = lambda token, logprob: {"token": token, "logprob": _finite(logprob), "bytes": list(token.encode())}
+    item = lambda token, logprob: {"token": token, "logprob": finite(logprob), "bytes": list(token.encode())}
     return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
                         for e in entries]}
 

@@ -13,7 +13,9 @@ Every EngineConfig field is a flag (`--help` lists them). Then any OpenAI client
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both with "stream": true for
 server-sent events, and vLLM's sampling fields: top_k, min_p, the penalties, min_tokens, logprobs,
-n, ...), GET /v1/models, GET /health, GET /metrics (Prometheus, vLLM's names with a `minibatch:`
+n, ...; completions also take "echo": true, with "logprobs" the prompt's tokens scored first and
+"max_tokens": 0 for the prompt alone, as evaluation harnesses send it, and vLLM's "prompt_logprobs"),
+GET /v1/models, GET /health, GET /metrics (Prometheus, vLLM's names with a `minibatch:`
 prefix), and vLLM's POST /tokenize, POST /detokenize, GET /version. So vLLM's own clients work:
 
     vllm bench serve --backend openai --base-url http://127.0.0.1:8000 --model smollm2-135m ...

@@ -4,15 +4,21 @@ A step is described by its `StepShape`: how many prompt tokens it prefills, how 
 decode one token, and how many tokens of KV cache its sequences read. Two kinds of model turn a
 shape into seconds:
 
-- `LinearCostModel`, MEASURED: a fixed per-step overhead plus a cost per prefill token, per
-  decode sequence and per KV token read, fitted by least squares to real step times
-  (`minibatch.tools.calibrate`). The shipped profile `smollm2-135m-cpu` was measured this way.
+- `BandedCostModel` (`minibatch.sim.stepcost`), MEASURED: a fixed cost and a weight read per step,
+  compute per token row (piecewise, by the row bands where the engine's products switch paths), the
+  LM head per sampled row and attention per KV token read, fitted to real steps of the engine
+  (`python -m minibatch calibrate`). The shipped profile `smollm2-135m-cpu` was measured this way.
+  `LinearCostModel` is its one-line ancestor (overhead + a cost per prefill token, per decode
+  sequence and per KV token), still read from profiles written in that form.
 - `RooflineCostModel`, MODELLED: for hardware you do not have (an H100-class GPU, a phone).
   A step costs its overhead plus the longer of its compute time (FLOPs / peak FLOP/s) and its
   memory time (bytes moved / bandwidth). No such machine was measured: these are estimates.
 
 Profiles are JSON files: the shipped ones live in `minibatch/sim/profiles/` and are loaded by name
-(`load_profile("smollm2-135m-cpu")`); any other profile is loaded by its path.
+(`load_profile("smollm2-135m-cpu")`); any other profile is loaded by its path. A learner's own
+profiles, written by `python -m minibatch calibrate`, live in the model cache (`$MINIBATCH_CACHE`,
+else `~/.cache/minibatch`) under `profiles/`, and a name finds them first: once a learner has
+calibrated, the default `sim_profile="smollm2-135m-cpu"` is their own machine.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minibatch.config import ConfigError
+from minibatch.engine.models.smollm2 import model_cache_dir
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 COEFFICIENTS = ("overhead_s", "per_prefill_token_s", "per_decode_seq_s", "per_kv_token_s")
@@ -126,16 +133,31 @@ class RooflineCostModel(CostModel):
         return self.overhead_s + max(flops / self.peak_flops, moved / self.memory_bandwidth) / self.efficiency
 
 
+def own_profile_dir() -> Path:
+    """Where `python -m minibatch calibrate` saves a learner's own profiles: the model cache's profiles/."""
+    return model_cache_dir() / "profiles"
+
+
+def profile_path(name_or_path) -> Path:
+    """The file a profile name or path means: the learner's own profile of that name if there is one,
+    else the shipped one, else the path itself."""
+    name = str(name_or_path)
+    if name and "/" not in name and not name.endswith(".json"):
+        for folder in (own_profile_dir(), PROFILE_DIR):
+            if (folder / f"{name}.json").is_file():
+                return folder / f"{name}.json"
+    return Path(name_or_path)
+
+
 def list_profiles() -> dict[str, str]:
-    """Shipped profile names and what each describes."""
-    return {p.stem: json.loads(p.read_text())["description"] for p in sorted(PROFILE_DIR.glob("*.json"))}
+    """Profile names (the learner's own, then the shipped ones) and what each describes."""
+    paths = {p.stem: p for folder in (PROFILE_DIR, own_profile_dir()) for p in sorted(folder.glob("*.json"))}
+    return {name: json.loads(path.read_text()).get("description", "") for name, path in paths.items()}
 
 
 def load_profile(name_or_path) -> dict:
-    """A profile (a dict) by shipped name or by path to a JSON file; ConfigError if there is none."""
-    path = Path(name_or_path)
-    if str(name_or_path) in list_profiles():
-        path = PROFILE_DIR / f"{name_or_path}.json"
+    """A profile (a dict) by name or by path to a JSON file; ConfigError if there is none."""
+    path = profile_path(name_or_path)
     if not path.is_file():
         raise ConfigError(f"EngineConfig.sim_profile={str(name_or_path)!r} is not allowed: choose one of "
                           f"{', '.join(map(repr, list_profiles()))} or the path of a profile JSON file")
@@ -146,7 +168,8 @@ def load_profile(name_or_path) -> dict:
 
 
 def save_profile(profile: dict, path) -> None:
-    Path(path).write_text(json.dumps(profile, indent=2) + "\n")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(profile, indent=1) + "\n")
 
 
 def cost_model(profile, model_config=None) -> CostModel:
@@ -154,6 +177,9 @@ def cost_model(profile, model_config=None) -> CostModel:
     model's Hugging Face config, since it computes FLOPs and bytes from the model's shape."""
     if not isinstance(profile, dict):
         profile = load_profile(profile)
+    if profile["kind"] == "measured" and "row_bands" in profile:
+        from minibatch.sim.stepcost import BandedCostModel   # here: stepcost builds on this module
+        return BandedCostModel.from_profile(profile)
     if profile["kind"] == "measured":
         return LinearCostModel(**{k: float(profile["coefficients"][k]) for k in COEFFICIENTS})
     if model_config is None:

@@ -6,7 +6,8 @@ budget first decides who waits: decode-first (`EngineConfig.step_priority`) keep
 flowing while the documents prefill in what is left of the budget; prefill-first gives the
 documents the budget first, and the chats no token until the burst's prompts leave room.
 
-`BURST_BASE` is the server, of which only `BURST_KNOBS` may change; `BURST_LIMITS` is the SLA, per
+`BURST_BASE` is the server (on `first-engine-cpu`, a fixed reference machine, so the lab is the same on
+every laptop and after every recalibration), of which only `BURST_KNOBS` may change; `BURST_LIMITS` is the SLA, per
 class: no chat reader waits longer than a limit between two tokens (the stall a TPOT averages away,
 chapter 05), and the documents' p99 TTFT. `burst_score(config)` serves the lab under a configuration
 and returns each class's figures; `format_scores` prints several side by side.
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minibatch.tools.fairness import class_tails
+from minibatch.analysis.metrics import class_tails
 from minibatch.config import EngineConfig
 from minibatch.llm import LLM
 from minibatch.workloads.mixed import long_prompt_burst
 
-BURST_BASE = EngineConfig(model="smollm2-135m", clock="simulated", sim_skip_model=True, max_batch_size=16)
+BURST_BASE = EngineConfig(model="smollm2-135m", clock="simulated", sim_skip_model=True, max_batch_size=16,
+                          sim_profile="first-engine-cpu")   # the fixed reference machine the limits were set for
 BURST_KNOBS = ("step_priority", "max_tokens_per_step")
 BURST_LIMITS = {("chat", "longest_gap_s"): 2.0,       # seconds: the longest wait of any chat between two tokens
                 ("document", "p99_ttft_s"): 45.0}     # seconds: a document's answer may start later

@@ -1,151 +1,158 @@
-"""Calibration: measure real steps on this machine and fit the simulated clock's cost model.
+"""Calibration: time the engine's own steps on this machine and fit the simulated clock's cost model.
 
-    python -m minibatch calibrate --out my-laptop.json      # then EngineConfig(sim_profile="my-laptop.json")
+    python -m minibatch calibrate                  # your own profile; the chapters use it from then on
+    python -m minibatch calibrate --write-shipped  # the course's shipped profile (after an engine change)
+    python -m minibatch calibrate --show           # the error table of the profile in use, no measuring
 
-Over a grid of batch sizes and prompt lengths, the real model serves batches of random prompts
-(`ignore_eos`, so every batch decodes the same number of steps). Every step is recorded with its
-shape; its duration is the time from its start to the start of the next step, so scheduling and
-bookkeeping between steps are charged too. Steps of the same shape are repeated and the median
-kept (a shared machine is noisy). A least-squares fit, weighted so that every step counts by its
-relative error, gives the coefficients of `LinearCostModel`; the profile keeps them, the fit's
-errors and the measured points.
-
-On a machine shared with other busy programs, wall-clock times measure the competition as much
-as the model: `--threads 1 --cpu-time` measures the CPU time of one thread instead, which is
-what the steps would take on one otherwise idle core.
+The engine is built as `EngineConfig()` builds it by default (device, dtype, threads and kernels
+all "auto"), with room for 64 sequences of 1024 tokens. Decode steps of 1 to 64 sequences at a
+short and a long context, and prefill steps of one prompt of 8 to 512 tokens, are timed in
+interleaved rounds (`tools.step_timing`); each shape keeps its median. A step is timed on the
+wall clock, or, when the engine runs on one thread (what it picks on a machine whose other core is
+busy), in the CPU time of the process: what the step takes on an idle core, whatever else runs.
+`sim.fit` fits the banded cost model (`sim.stepcost`) to them, and the error table shows, for every
+batch size and context, the measured step, the model's and the error. The profile records what it was measured on (CPU,
+threads, kernels, dtype, torch, date) and the fingerprint of the engine code (`sim.fingerprint`).
 """
 from __future__ import annotations
 
 import datetime
-import itertools
 import os
 import platform
 import time
-from collections import defaultdict
 from dataclasses import astuple, fields
+from pathlib import Path
 
-import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from minibatch.engine.clock import RealClock
-from minibatch.config import EngineConfig, SamplingParams
-from minibatch.sim.costmodel import COEFFICIENTS, LinearCostModel, StepShape, save_profile
+from minibatch.tools.step_timing import (CONTEXTS, DECODE_BATCHES, PREFILL_LENS, TIMERS, StepTimer, fixed_seconds,
+                                           measure_grid)
+from minibatch.config import EngineConfig
+from minibatch.engine.kernels.gemv_blocks_cpu import BLOCK_ROWS, CHUNKED_ROWS
+from minibatch.engine.kernels.gemv_cpu import STREAM_ROWS
+from minibatch.sim.costmodel import PROFILE_DIR, StepShape, cost_model, load_profile, own_profile_dir, save_profile
+from minibatch.sim.fingerprint import RECALIBRATE, engine_fingerprint
+from minibatch.sim.fit import decode_table, fit_banded, fit_errors, prefill_table
 
-
-class RecordingClock(RealClock):
-    """A real clock that remembers the shape and start of every step it is charged for; `timer`
-    is time.perf_counter (wall clock) or time.process_time (CPU time of this process)."""
-
-    def __init__(self, timer=time.perf_counter):
-        self.timer = timer
-        super().__init__()
-        self._origin = timer()
-        self.steps: list[tuple[StepShape, float]] = []
-
-    def now(self) -> float:
-        return self.timer() - self._origin
-
-    def charge_step(self, plan, start: float) -> float:
-        self.steps.append((StepShape.of(plan), start))
-        return super().charge_step(plan, start)
+# where the products switch paths (`engine.kernels.gemv_cpu`): the streamed loop takes up to BLOCK_ROWS rows,
+# except that three rows are padded to four, which are blocks when BLOCK_ROWS is 3; blocks of four rows take
+# columns in chunks up to CHUNKED_ROWS rows; oneDNN's GEMM runs above STREAM_ROWS
+STREAMED_ROWS = BLOCK_ROWS - 1 if BLOCK_ROWS % 4 == 3 else BLOCK_ROWS
+ROW_BANDS = tuple(sorted({STREAMED_ROWS, CHUNKED_ROWS, STREAM_ROWS}))
+BLOCK = 4   # rows in a block of the blocks path: its cost steps every four rows (three cost four)
+ROW_GROUPS = tuple(BLOCK if STREAMED_ROWS <= low and high <= STREAM_ROWS else 1
+                   for low, high in zip((0, *ROW_BANDS), (*ROW_BANDS, float("inf"))))
+SHIPPED = PROFILE_DIR / f"{EngineConfig.sim_profile}.json"
 
 
-def measure(model: str = "smollm2-135m", batch_sizes=(1, 2, 4, 8, 16), prompt_lens=(16, 64, 256),
-            new_tokens: int = 8, repeats: int = 3, cpu_time: bool = False, use_tqdm: bool = True,
-            **config) -> list[tuple[StepShape, float]]:
-    """(shape, median seconds) of every step shape the grid produced, on the real model and clock."""
-    from minibatch.llm import LLM   # here, so that importing this module stays light
-
-    clock = RecordingClock(time.process_time if cpu_time else time.perf_counter)
-    llm = LLM(EngineConfig(model=model, max_batch_size=max(batch_sizes), **config), clock=clock)
-    rng = np.random.default_rng(0)
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    grid = list(itertools.product(batch_sizes, prompt_lens)) * repeats
-    times = defaultdict(list)
-    llm.generate([[1] * 8], params, use_tqdm=False)                   # warm-up, not measured
-    for batch, length in tqdm(grid, desc="calibrate", unit="batch", disable=not use_tqdm):
-        prompts = rng.integers(3, llm.engine.model.vocab_size, size=(batch, length)).tolist()
-        clock.steps.clear()
-        llm.generate(prompts, params, use_tqdm=False)
-        for (shape, start), (_, next_start) in zip(clock.steps, clock.steps[1:]):
-            times[shape].append(next_start - start)
-    return [(shape, float(np.median(t))) for shape, t in times.items()]
+def cpu_model() -> str:
+    """The CPU's model name as the system reports it (Linux: /proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
-def fit(points: list[tuple[StepShape, float]]) -> LinearCostModel:
-    """Least squares on relative error, with every coefficient >= 0: the best fit over the subsets of
-    coefficients left free (the others held at 0) whose solution has no negative coefficient."""
-    X = np.array([s.features() for s, _ in points])                         # (N, 4)
-    y = np.array([t for _, t in points])                                    # (N,)
-    Xw, yw = X / y[:, None], np.ones_like(y)                                # rows scaled by 1 / y
-    best, best_loss = None, np.inf
-    for keep in itertools.product((True, False), repeat=X.shape[1]):
-        cols = np.flatnonzero(keep)
-        if len(cols) == 0:
-            continue
-        c, *_ = np.linalg.lstsq(Xw[:, cols], yw, rcond=None)
-        if (c < 0).any():
-            continue
-        coef = np.zeros(X.shape[1])
-        coef[cols] = c
-        loss = float(np.sum((Xw @ coef - yw) ** 2))
-        if loss < best_loss:
-            best, best_loss = coef, loss
-    return LinearCostModel(*map(float, best))
+def machine(timer: StepTimer) -> dict:
+    """What the steps were measured on: the chip, the threads and the engine's choices."""
+    engine = timer.llm.engine
+    on_gpu = engine.device.type == "cuda"
+    return {"processor": torch.cuda.get_device_name() if on_gpu else cpu_model(), "cpus": os.cpu_count(),
+            "threads": engine.cpu_threads, "device": engine.device.type, "dtype": str(engine.dtype).split(".")[1],
+            "attention_backend": engine.attention_backend, "quantization": engine.config.quantization,
+            "whole_layers": bool(getattr(engine.model, "whole_layers", False)),
+            "torch": torch.__version__, "python": platform.python_version()}
 
 
-def fit_errors(model: LinearCostModel, points: list[tuple[StepShape, float]]) -> dict:
-    """Relative errors |predicted - measured| / measured of a model on measured points."""
-    rel = np.array([abs(model.step_time(s) - t) / t for s, t in points])
-    return {"points": len(points), "median_rel_error": float(np.median(rel)),
-            "p90_rel_error": float(np.percentile(rel, 90)), "max_rel_error": float(rel.max())}
-
-
-def calibrate(model: str = "smollm2-135m", name: str | None = None, threads: int | None = None, **grid) -> dict:
-    """Measure, fit and describe: a profile dict ready for `save_profile` and `EngineConfig(sim_profile=...)`.
-    `threads` sets torch's thread count for the measurement (None keeps torch's default)."""
-    if threads is not None:
-        torch.set_num_threads(threads)
-    points = measure(model, **grid)
-    fitted = fit(points)
-    name = name or f"{model}-{platform.node() or 'this-machine'}"
-    timer = "CPU time of the process" if grid.get("cpu_time") else "wall-clock time"
+def calibrate(model: str = "smollm2-135m", rounds: int = 5, name: str | None = None, use_tqdm: bool = True,
+              batches=DECODE_BATCHES, contexts=CONTEXTS, prefill_lens=PREFILL_LENS, timer: str = "auto") -> dict:
+    """Measure, fit and describe: a profile dict ready for `save_profile` and `EngineConfig(sim_profile=...)`."""
+    start = time.perf_counter()
+    timer = StepTimer(model, max(batches), max(contexts), timer=timer)
+    points = measure_grid(timer, batches, contexts, prefill_lens, rounds=rounds, use_tqdm=use_tqdm)
+    fitted = fit_banded(points, ROW_BANDS, fixed_seconds(timer), ROW_GROUPS)
+    about = machine(timer) | {"timer": "CPU time of the process" if timer.timer == "cpu" else "wall clock"}
     return {
-        "name": name, "kind": "measured",
-        "description": f"MEASURED: {model}, float32, attention 'torch', on {platform.machine()} CPU "
-                       f"({torch.get_num_threads()} threads, {timer}), fitted by `python -m minibatch calibrate`",
-        "model": model, "device": "cpu", "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "timer": timer,
-        "processor": platform.processor() or platform.machine(), "date": datetime.date.today().isoformat(),
-        "coefficients": dict(zip(COEFFICIENTS, fitted.coefficients())),
+        "name": name or EngineConfig.sim_profile, "kind": "measured",
+        "description": f"MEASURED: {model}, {about['dtype']}, attention {about['attention_backend']!r}, "
+                       f"{about['threads']} thread(s) of {about['processor']} ({about['cpus']} CPUs), "
+                       f"{about['timer']}, "
+                       f"medians of {rounds} interleaved rounds; fitted by `python -m minibatch calibrate`",
+        "model": model, "date": datetime.date.today().isoformat(), "machine": about,
+        "engine_fingerprint": engine_fingerprint(), "rounds": rounds,
+        "measure_seconds": round(time.perf_counter() - start, 1),
+        "row_bands": list(fitted.row_bands), "row_groups": list(fitted.row_groups),
+        "coefficients": fitted.coefficients(),
         "fit": fit_errors(fitted, points),
         "measured_steps": {"fields": [*(f.name for f in fields(StepShape)), "seconds"],
                            "rows": [[*astuple(s), t] for s, t in points]},
     }
 
 
+def measured_points(profile: dict) -> list[tuple[StepShape, float]]:
+    rows = profile["measured_steps"]["rows"]
+    return [(StepShape(*map(int, row[:-1])), float(row[-1])) for row in rows]
+
+
+def report(profile: dict) -> str:
+    """The profile's model in words and its error table: decode steps by batch and context, then prefills."""
+    model, points = cost_model(profile), measured_points(profile)
+    table = decode_table(model, points)
+    contexts = sorted({r["context"] for r in table})
+    lines = [profile["description"], f"engine fingerprint {profile.get('engine_fingerprint')}, {profile.get('date')}"]
+    lines.append("decode steps, measured against the cost model (ms):")
+    lines.append(f"{'batch':>5}" + "".join(f" | {'ctx ' + str(c):>8} {'model':>7} {'error':>6}" for c in contexts))
+    by_cell = {(r["batch"], r["context"]): r for r in table}
+    for batch in sorted({r["batch"] for r in table}):
+        cells = [by_cell.get((batch, c)) for c in contexts]
+        lines.append(f"{batch:>5}" + "".join(
+            f" | {r['measured_s'] * 1e3:>8.1f} {r['model_s'] * 1e3:>7.1f} {r['error']:>+6.1%}" if r else " |" + " " * 23
+            for r in cells))
+    lines.append("prefill steps (one prompt), measured against the cost model (ms):")
+    lines += [f"{r['prefill_tokens']:>5} tokens | {r['measured_s'] * 1e3:>8.1f} {r['model_s'] * 1e3:>7.1f} "
+              f"{r['error']:>+6.1%}" for r in prefill_table(model, points)]
+    worst = max(abs(r["error"]) for r in table)
+    lines.append(f"worst decode error {worst:.1%} (goal: within 10% at every batch size and context); "
+                 f"all {len(points)} shapes: median {profile['fit']['median_rel_error']:.1%}")
+    if hasattr(model, "terms"):
+        terms = model.terms(StepShape(decode_seqs=1, kv_tokens_read=64, attention_pairs=64, sampled_rows=1))
+        lines.append("a decode step of one sequence at 64 tokens: " +
+                     ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in terms.items()))
+    return "\n".join(lines)
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("--model", default="smollm2-135m", help="model to measure (default: smollm2-135m)")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="batch sizes to measure")
-    parser.add_argument("--prompt-lens", type=int, nargs="+", default=[16, 64, 256], help="prompt lengths in tokens")
-    parser.add_argument("--new-tokens", type=int, default=8, help="tokens each request decodes")
-    parser.add_argument("--repeats", type=int, default=3, help="times each batch runs (the median is kept)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads while measuring (default: torch's)")
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time steps by CPU time, not wall clock (shared machines)")
-    parser.add_argument("--name", default=None, help="profile name (default: model and host name)")
-    parser.add_argument("--out", default="profile.json", help="where to write the profile JSON")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds over the grid (medians kept)")
+    parser.add_argument("--out", default=None, help="where to write the profile JSON (default: your own profile "
+                                                    f"in the model cache, {own_profile_dir()}/)")
+    parser.add_argument("--write-shipped", action="store_true", help=f"write the course's shipped profile {SHIPPED}")
+    parser.add_argument("--timer", choices=TIMERS, default="auto",
+                        help="'wall' clock, 'cpu' time of the process (an idle core's time, for an engine on one "
+                             "thread of a busy machine) or 'auto' (cpu when the engine runs on one thread)")
+    parser.add_argument("--show", nargs="?", const=EngineConfig.sim_profile, default=None, metavar="PROFILE",
+                        help="print the error table of a profile (default: the one chapters use) and exit")
 
 
 def main(args) -> int:
-    profile = calibrate(args.model, args.name, args.threads, batch_sizes=tuple(args.batch_sizes),
-                        prompt_lens=tuple(args.prompt_lens), new_tokens=args.new_tokens, repeats=args.repeats,
-                        cpu_time=args.cpu_time)
-    save_profile(profile, args.out)
-    c, f = profile["coefficients"], profile["fit"]
-    print(f"step time = {c['overhead_s'] * 1e3:.2f} ms + {c['per_prefill_token_s'] * 1e3:.3f} ms/prefill token"
-          f" + {c['per_decode_seq_s'] * 1e3:.3f} ms/decode sequence + {c['per_kv_token_s'] * 1e6:.4f} us/KV token read")
-    print(f"fit over {f['points']} step shapes: median error {f['median_rel_error']:.1%}, "
-          f"90th percentile {f['p90_rel_error']:.1%}, worst {f['max_rel_error']:.1%}")
-    print(f"saved {args.out}; use it with EngineConfig(clock='simulated', sim_profile={args.out!r})")
+    if args.show:
+        print(report(load_profile(args.show)))
+        return 0
+    if args.write_shipped:
+        out = SHIPPED
+    else:
+        default_name = EngineConfig.sim_profile if args.model == EngineConfig.model else f"{args.model}-cpu"
+        out = Path(args.out) if args.out else own_profile_dir() / f"{default_name}.json"
+    profile = calibrate(args.model, args.rounds, name=out.stem, timer=args.timer)
+    save_profile(profile, out)
+    print(report(profile))
+    print(f"measured and fitted in {profile['measure_seconds']:.0f} s; saved {out}")
+    if args.write_shipped:
+        print(f"the shipped profile now matches the engine code ({RECALIBRATE} made it)")
+    else:
+        print(f"EngineConfig(clock='simulated', sim_profile={out.stem!r}) and the chapters now use it"
+              if out.parent == own_profile_dir() else f"use it with EngineConfig(sim_profile={str(out)!r})")
     return 0

@@ -11,8 +11,10 @@ The workload (`workload()`, seeded, the same for everyone): about three minutes 
 The rules: each class has its own SLA (`SLAS`); at least `TARGET` of each class's requests must meet
 every limit of their SLA; the KV cache may take at most `KV_BUDGET_BYTES`.
 
-`score(config)` serves the workload with `config` on the simulated clock without the model (the
-reference CPU profile), so a score is deterministic and takes about a second; `evaluate` scores
+`score(config)` serves the workload with `config` on the simulated clock without the model, on a
+fixed reference machine (the profile `first-engine-cpu`: the course's first engine on one thread
+of a 2-core laptop, for which the workload and the SLAs were set), so a score is deterministic, the
+same for everyone whatever their laptop or engine version, and takes about a second; `evaluate` scores
 any run of these requests, e.g. one measured on the real model. The simulated clock does not model
 speculative decoding (what it gains depends on the real tokens), so `score` leaves it out.
 """
@@ -35,6 +37,7 @@ KV_BUDGET_BYTES = 24 << 20          # the KV cache's memory on this laptop: 24 M
 CHAT_KINDS = ("question", "instruction", "creative", "code", "maths", "rewrite", "classify", "opinion")
 BURSTS = ((40.0, 20), (110.0, 20))  # (seconds, chat requests arriving together at about 6 per second)
 CONFIRM_WINDOW = (40.0, 43.0)       # the slice served on the real model: most of the first burst
+PROFILE = "first-engine-cpu"      # the simulated machine every score runs on (see above)
 
 
 def workload() -> tuple[list[WorkloadRequest], list[str]]:
@@ -127,7 +130,7 @@ def simulated(config: EngineConfig) -> EngineConfig:
     if config.dtype not in ("auto", "float32"):
         raise ConfigError(f"EngineConfig.dtype={config.dtype!r} is not allowed: 'auto' or 'float32', the dtype the "
                           "reference CPU profile was measured with")
-    return replace(config, clock="simulated", sim_skip_model=True, sim_profile="smollm2-135m-cpu", device="cpu",
+    return replace(config, clock="simulated", sim_skip_model=True, sim_profile=PROFILE, device="cpu",
                    speculative_method=None, speculative_model=None, profile_steps=False, cuda_graphs=False)
 
 

@@ -1,10 +1,10 @@
 """Fairness between classes of request: latency per class, and the same workload under several policies.
 
 A policy that serves one class first makes another wait: the mean hides it, the table per class
-shows it. `class_tails(report, classes)` gives each class's percentiles of one metric (TTFT by
-default); `compare_policies(workload, classes, configs)` serves the same requests under each
-named configuration and returns one row per (configuration, class), ready to print or check
-against a per-class SLA.
+shows it. `minibatch.analysis.metrics.class_tails(report, classes)` gives each class's percentiles
+of one metric (TTFT by default); `compare_policies(workload, classes, configs)` serves the same
+requests under each named configuration and returns one row per (configuration, class), ready to
+print or check against a per-class SLA.
 
 The open lab of chapter 11 lives here too: `lab_workload()` (chats with a rush hour and long
 documents, on the simulated clock), `LAB_BASE` (the server: only its policy knobs may change) and
@@ -14,29 +14,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minibatch.analysis.metrics import RunReport, percentile
-from minibatch.config import ConfigError, EngineConfig
+from minibatch.analysis.metrics import class_tails
+from minibatch.config import EngineConfig
 from minibatch.llm import LLM
 from minibatch.workloads.mixed import chat_and_documents
 
 PERCENTILES = (50, 99)
-
-
-def class_tails(report: RunReport, classes: list[str], metric: str = "ttft",
-                percentiles: tuple[float, ...] = PERCENTILES) -> dict[str, dict[str, float | None]]:
-    """{class: {"requests": n, "p50_ttft_s": ..., "p99_ttft_s": ..., "max_ttft_s": ...}} over the
-    requests of each class (`classes` in the order of report.requests)."""
-    if len(classes) != len(report.requests):
-        raise ConfigError(f"classes has {len(classes)} entries for {len(report.requests)} requests: "
-                          "give one per request")
-    table = {}
-    for kind in sorted(set(classes)):
-        values = [getattr(r, metric) for r, k in zip(report.requests, classes) if k == kind]
-        row = {"requests": len(values)}
-        row.update({f"p{q:g}_{metric}_s": percentile(values, q) for q in percentiles})
-        row[f"max_{metric}_s"] = max((v for v in values if v is not None), default=None)
-        table[kind] = row
-    return table
 
 
 def compare_policies(workload, classes: list[str], configs: dict[str, EngineConfig], metric: str = "ttft",

@@ -66,3 +66,33 @@ def per_token_profile(profiles: Mapping[int, dict], title: str | None = None) ->
         text.set_text(f"{b / p['step_s']:.0f} tok/s\noverhead {1e3 * p['overhead_share'] * p['step_s'] / b:.2f} ms")
     ax.set_ylim(0, max(1e3 * p["step_s"] / b for b, p in profiles.items()) * 1.25)
     return fig
+
+
+def fixed_cost_figure(rows: list[dict], title: str | None = None) -> Figure:
+    """Left: each model's decode step as measured, split into its fixed part and its layers and LM head (ms,
+    log scale); right: the fixed part's share of the whole model's step against the weight bytes it reads.
+    `rows` is `minibatch.analysis.overhead.table`; a model measured on its first layers only is drawn at
+    full depth (fixed part + LM head + per-layer time x all its layers), with a hollow marker as run."""
+    needed = {"label", "layers", "fixed", "forward", "share", "weight_mb", "full_weight_mb", "full_share"}
+    if not rows or not all(needed <= set(r) for r in rows):
+        raise ValueError("rows is not allowed: pass minibatch.analysis.overhead.table(engines, rounds)")
+    x, colour = np.arange(len(rows)), PART_COLOURS["sample"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.9), layout="constrained")
+    left.bar(x - 0.2, [r["fixed"] for r in rows], 0.4, color=colour, hatch="//", edgecolor="white",
+             label="fixed part (outside the forward pass)")
+    left.bar(x + 0.2, [r["forward"] for r in rows], 0.4, color=PART_COLOURS["attention"], label="layers and LM head")
+    left.set(xticks=x, xticklabels=[f"{r['label']}\n{r['layers']} layers" for r in rows], yscale="log",
+             ylabel="ms per decode step (median)", title=title or "One user's decode step, as measured")
+    left.legend(fontsize=8)
+    right.plot([r["full_weight_mb"] for r in rows], [r["full_share"] for r in rows], "o-", color=colour,
+               label="whole model")
+    cut = [r for r in rows if r["layers"].split("/")[0] != r["layers"].split("/")[1]]
+    right.plot([r["weight_mb"] for r in cut], [r["share"] for r in cut], "o", mfc="none", color=colour,
+               label="first layers only, as measured")
+    for r in rows:
+        right.annotate(r["label"], (r["full_weight_mb"], r["full_share"]), fontsize=8, xytext=(4, 4),
+                       textcoords="offset points")
+    right.set(xscale="log", yscale="log", xlabel="weights read per step (MB, log)",
+              ylabel="fixed part's share of the step (log)", title="The fixed part's share falls as the model grows")
+    right.legend(fontsize=8)
+    return fig

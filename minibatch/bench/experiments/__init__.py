@@ -6,6 +6,8 @@
         whole compiled layers against part by part, the fused small parts against torch, torch.compile
     python -m minibatch.bench.experiments.attention
         the Numba paged attention against the torch reference, prefill and decode
+    python -m minibatch.bench.experiments.threads
+        a server that follows the free cores against one with fixed threads, a core taken after it started
 
 Each runs its arms interleaved (A B A B ...), so the machine's noise hits all of them alike, prints the
 medians and the largest difference between the arms' outputs, and asserts nothing about time: the

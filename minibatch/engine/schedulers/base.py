@@ -112,6 +112,14 @@ class Scheduler:
         self.running.remove(request)
         self._release_slot(request)
 
+    def cached_prefix(self, request: Request) -> list[int]:
+        """The cached blocks a waiting request may start from (`BlockManager.cached_prefix`; [] without prefix
+        caching). A request that asks for `prompt_logprobs` reuses none, as in vLLM: a cached block skips the
+        forward pass its prompt tokens' log-probabilities come from. Its own blocks are still cached for others."""
+        if request.params.prompt_logprobs is not None:
+            return []
+        return self.blocks.cached_prefix(request.all_token_ids)
+
     def _start_after_prefix(self, request: Request, prefix: list[int]) -> None:
         """Admission with prefix caching: the request's first len(prefix) blocks were found in the cache
         (`BlockManager.cached_prefix`), so it computes from the first token after them."""

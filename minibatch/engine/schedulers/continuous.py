@@ -92,7 +92,7 @@ class ContinuousScheduler(Scheduler):
             return budget
         while self.waiting and len(self.running) < self.max_batch_size and budget > 0:
             request = self.policy.next_waiting(self.waiting, now)
-            prefix = self.blocks.cached_prefix(request.all_token_ids)   # [] without prefix caching
+            prefix = self.cached_prefix(request)                      # [] without prefix caching
             cached = len(prefix) * self.blocks.block_size
             todo = min(self.tokens_to_compute(request, budget), request.num_tokens - cached)
             if self.blocks.blocks_needed(request.request_id, cached + todo, prefix) + reserve > \

@@ -17,7 +17,7 @@ class StaticScheduler(Scheduler):
         free = self.blocks.num_free_blocks
         while self.waiting and len(self.running) < self.max_batch_size:
             request = self.waiting[0]
-            prefix = self.blocks.cached_prefix(request.all_token_ids)   # [] without prefix caching
+            prefix = self.cached_prefix(request)                      # [] without prefix caching
             need = self.blocks.blocks_needed(request.request_id, request.max_total_tokens, prefix)
             if need > free:
                 break
