@@ -67,8 +67,9 @@ def served_gguf(fmt: str, threads: int) -> Path:
         if python is None:
             raise FileNotFoundError(f"fmt='f32' needs {target}, written by the llama.cpp peer, which is "
                                     f"{install_hint('llamacpp')}; or serve fmt='q4_1'")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}    # the peer's environment, not ours
         subprocess.run([str(python), "-c", CONVERT, str(RUNNERS), str(gguf_path()), str(target.parent),
-                        str(threads)], check=True, capture_output=True)
+                        str(threads)], check=True, capture_output=True, env=env)
     return target
 
 
