@@ -22,7 +22,7 @@ from collections import defaultdict
 import numpy as np
 
 from minibatch.sim.costmodel import StepShape
-from minibatch.sim.stepcost import BandedCostModel, band_of, grouped_rows
+from minibatch.sim.stepcost import BandedCostModel, band_of, grouped_rows, lone_kv_tokens
 
 
 def nonnegative_least_squares(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -44,30 +44,31 @@ def nonnegative_least_squares(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def features(shape: StepShape, row_bands: tuple[int, ...], row_groups: tuple[int, ...] = ()) -> list[float]:
-    """One equation's counts: [1, band indicators 1.., rows (grouped) per band, sampled rows, KV tokens, pairs]."""
+    """One equation's counts: [1, band indicators 1.., rows (grouped) per band, sampled rows, KV tokens, pairs,
+    a lone sequence's KV tokens]."""
     rows = shape.prefill_tokens + shape.decode_seqs
     band = band_of(rows, row_bands)
     bands = len(row_bands) + 1
     indicator = [float(band == i) for i in range(1, bands)]      # band 0's start is the constant's
     per_band_rows = [float(grouped_rows(rows, band, row_groups)) * (band == i) for i in range(bands)]
     return [1.0, *indicator, *per_band_rows, float(shape.sampled_rows), float(shape.kv_tokens_read),
-            float(shape.attention_pairs)]
+            float(shape.attention_pairs), float(lone_kv_tokens(shape))]
 
 
 def fit_banded(points: list[tuple[StepShape, float]], row_bands: tuple[int, ...], fixed_s: float = 0.0,
                row_groups: tuple[int, ...] = ()) -> BandedCostModel:
     """The banded model closest to the measured (shape, seconds) points in relative error, every term >= 0;
     `fixed_s` is the measured time outside the model, split off the fitted constant."""
-    X = np.array([features(s, row_bands, row_groups) for s, _ in points])   # (N, 2 x bands + 3)
+    X = np.array([features(s, row_bands, row_groups) for s, _ in points])   # (N, 2 x bands + 4)
     y = np.array([t for _, t in points])                                 # (N,)
     c = nonnegative_least_squares(X / y[:, None], np.ones_like(y))      # each equation divided by its time
     bands = len(row_bands) + 1
     constant, steps, rows = c[0], (0.0, *c[1:bands]), c[bands:2 * bands]
-    head, kv, pairs = c[2 * bands:]
+    head, kv, pairs, lone_kv = c[2 * bands:]
     fixed = min(fixed_s, constant)
     return BandedCostModel(float(fixed), float(constant - fixed), tuple(int(b) for b in row_bands),
                            tuple(map(float, steps)), tuple(map(float, rows)), float(head), float(kv), float(pairs),
-                           tuple(int(g) for g in row_groups))
+                           tuple(int(g) for g in row_groups), float(lone_kv))
 
 
 def fit_errors(model, points: list[tuple[StepShape, float]]) -> dict:

@@ -4,6 +4,8 @@
               + band step + per row x rows               compute: every token row through the products
               + per sampled row x sampled rows           the LM head, for the rows that produce a token
               + per KV token x KV tokens read            attention reads each sequence's cache
+              + per lone KV token x KV tokens read       ... more per token when one sequence decodes alone:
+                 (decode steps of one sequence)           its attention splits over only its few KV heads
               + per pair x attention pairs               a prompt's rows attend to each other
 
 `fixed` is the time a step spends outside the model (scheduling, sampling, bookkeeping, Python);
@@ -36,7 +38,14 @@ def grouped_rows(rows: int, band: int, row_groups: tuple[int, ...]) -> int:
     return -(-rows // group)
 
 
-SCALAR_TERMS = ("fixed_s", "weights_s", "per_sampled_row_s", "per_kv_token_s", "per_attention_pair_s")
+SCALAR_TERMS = ("fixed_s", "weights_s", "per_sampled_row_s", "per_kv_token_s", "per_attention_pair_s",
+                "per_lone_kv_token_s")
+
+
+def lone_kv_tokens(shape: StepShape) -> int:
+    """The KV tokens of a decode step of one sequence (its attention has only a few KV heads to split among the
+    threads, so each token costs more), else 0."""
+    return shape.kv_tokens_read if shape.prefill_tokens == 0 and shape.decode_seqs == 1 else 0
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class BandedCostModel(CostModel):
     per_kv_token_s: float             # each cached token a sequence's queries read
     per_attention_pair_s: float       # each (query, key) pair: a prompt's rows each attend to all keys before them
     row_groups: tuple[int, ...] = ()  # per band: rows the products take together (4: blocks of four rows); () all 1
+    per_lone_kv_token_s: float = 0.0  # each cached token more, when one sequence decodes alone
     kind = "measured"
 
     def __post_init__(self):
@@ -76,7 +86,8 @@ class BandedCostModel(CostModel):
         return {"fixed": self.fixed_s, "weights": self.weights_s,
                 "compute": self.band_step_s[band] + self.per_row_s[band] * grouped_rows(rows, band, self.row_groups),
                 "lm_head": self.per_sampled_row_s * shape.sampled_rows,
-                "kv_read": self.per_kv_token_s * shape.kv_tokens_read,
+                "kv_read": (self.per_kv_token_s * shape.kv_tokens_read
+                            + self.per_lone_kv_token_s * lone_kv_tokens(shape)),
                 "attention": self.per_attention_pair_s * shape.attention_pairs}
 
     def step_time(self, shape: StepShape) -> float:
@@ -92,7 +103,7 @@ class BandedCostModel(CostModel):
     @classmethod
     def from_profile(cls, profile: dict) -> "BandedCostModel":
         c, bands = profile["coefficients"], tuple(int(b) for b in profile["row_bands"])
-        return cls(**{name: float(c[name]) for name in SCALAR_TERMS}, row_bands=bands,
+        return cls(**{name: float(c.get(name, 0.0)) for name in SCALAR_TERMS}, row_bands=bands,
                    row_groups=tuple(int(g) for g in profile.get("row_groups", ())),
                    band_step_s=tuple(float(c[f"band{i}_step_s"]) for i in range(len(bands) + 1)),
                    per_row_s=tuple(float(c[f"band{i}_per_row_s"]) for i in range(len(bands) + 1)))
