@@ -162,9 +162,11 @@ def stream(num_short, short_len, short_new, gap_s, long_len, long_at_s):
 
 
 def serve_stream(workload, aging):
-    """Serve on one slot (the queue always holds shorts) with shortest-prompt-first; returns the engine."""
+    """Serve on one slot with shortest-prompt-first; returns the engine. On the fixed reference machine
+    (`first-engine-cpu`), where a short takes longer than the stream's gap, so the queue always holds shorts."""
     llm = LLM(EngineConfig(model="tiny", clock="simulated", sim_skip_model=True, max_batch_size=1,
-                           scheduling_policy="shortest_prompt", aging_tokens_per_s=aging))
+                           scheduling_policy="shortest_prompt", aging_tokens_per_s=aging,
+                           sim_profile="first-engine-cpu"))
     llm.run(workload, use_tqdm=False)
     return llm.engine
 
