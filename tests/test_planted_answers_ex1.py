@@ -61,12 +61,13 @@ def test_knee_mistakes_are_caught(wrong, phrase):
 # ---- 02: the static batcher's admission, and the held slot-steps ------------------------------------------------
 
 def admit(waiting, running, now, size, timeout, free, block_size, *, busy_joins=False, ready=True, skip=False,
-          floor=False, patient=False):
+          floor=False, patient=False, slip=False):
     """The right rule, or one of its planted variants (patient: waits for a full batch, whatever the timeout)."""
     timeout = float("inf") if patient else timeout
     if (running and not busy_joins) or not waiting:
         return []
-    if ready and not (len(waiting) >= size or now - waiting[0].arrival_time >= timeout or (busy_joins and running)):
+    waited = now - waiting[0].arrival_time >= timeout if slip else now >= waiting[0].arrival_time + timeout
+    if ready and not (len(waiting) >= size or waited or (busy_joins and running)):
         return []
     admitted = []
     for q in waiting[:size]:
@@ -86,6 +87,7 @@ def admit(waiting, running, now, size, timeout, free, block_size, *, busy_joins=
     ({"skip": True}, "nobody behind it overtakes"),
     ({"floor": True}, "in whole blocks"),
     ({"patient": True}, "nobody was admitted, but a batch is ready"),
+    ({"slip": True}, "the engine would wait for ever"),                # falls just short at the deadline
 ])
 def test_admit_mistakes_are_caught(options, phrase):
     rejected(lambda: check_admit_static(lambda *a: admit(*a, **options)), phrase)

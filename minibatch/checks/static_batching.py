@@ -111,6 +111,13 @@ def _serve_static_with(admit_static=None) -> list[tuple]:
             ids = admit_static([Queued(r.request_id, r.arrival_time, r.max_total_tokens) for r in queue],
                                bool(sched.running), now, sched.max_batch_size, sched.batch_timeout_s,
                                sched.blocks.num_free_blocks, sched.blocks.block_size)
+            if not ids and queue and not sched.running and now >= sched.wake_time():
+                raise AssertionError(
+                    f"serving a workload with your rule, at {now!r} s the oldest request had waited since "
+                    f"{queue[0].arrival_time!r} s, batch_timeout_s={sched.batch_timeout_s} ago, and nothing was "
+                    "running, yet your rule started no batch; the engine would wait for ever. If you test "
+                    "`now - arrival >= timeout`, floating point can make the difference fall just short at the "
+                    "deadline itself: compare `now >= arrival + timeout`, the time the engine wakes at")
             assert len(ids) <= len(sched._free_slots), (
                 f"serving a workload with your rule, at {now:.2f} s it admitted {list(ids)} while {len(sched.running)} "
                 f"of {sched.max_batch_size} slots were taken: the batch would hold more sequences than slots")
