@@ -7,10 +7,12 @@ chunked prefill (dynamic split-fuse) and prefix caching, with knobs that map ont
 `openvino-genai` and `optimum-intel` into `.peers/openvino/` and exports the converted SmolLM2 folder to
 OpenVINO's format in float32 (`optimum-cli export openvino ... --weight-format fp32`).
 
-- `OpenVino("float32")`: with INFERENCE_PRECISION_HINT "f32", checked against transformers in float32 by the
-  near-tie rule (its kernels sum in another order and may fuse differently).
-- `OpenVino("default")`: OpenVINO's own default precision, bfloat16 on a CPU with AMX or AVX512-BF16
-  (float32 elsewhere), checked against transformers in bfloat16 by the near-tie rule.
+- `OpenVino("float32")`: with INFERENCE_PRECISION_HINT and the KV, key and value cache precisions "f32",
+  checked against transformers in float32 by the near-tie rule (its kernels sum in another order and may fuse
+  differently). The precision hint alone leaves the keys and values in OpenVINO's CPU default, u8.
+- `OpenVino("default")`: OpenVINO's own defaults, bfloat16 arithmetic on a CPU with AMX or AVX512-BF16
+  (float32 elsewhere) and a u8 KV cache, checked against transformers in bfloat16 by the near-tie rule; the
+  u8 cache makes it miss that check (its rows are marked unverified), which is what its users run.
 
 A pipeline is built for each max batch size (SchedulerConfig.max_num_seqs), at the bench's thread count.
 """
@@ -40,7 +42,8 @@ class OpenVino(ExternalSystem):
             raise ValueError(f"precision={precision!r} is not allowed: {', '.join(PRECISIONS)}")
         self.precision = precision
         self.name = "openvino-fp32" if precision == "float32" else "openvino-default"
-        self.label = "OpenVINO GenAI, " + ("float32" if precision == "float32" else "its default (bfloat16 with AMX)")
+        self.label = "OpenVINO GenAI, " + ("float32" if precision == "float32"
+                                           else "its default (bfloat16 where the CPU has it, u8 KV cache)")
         self.reference, self.tie_tolerance = ("float32", PEER_TIE_TOLERANCE) if precision == "float32" else \
             ("bfloat16", BF16_TIE_TOLERANCE)
 

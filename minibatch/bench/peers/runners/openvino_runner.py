@@ -2,9 +2,10 @@
 
 The benchmark starts it as `.peers/openvino/bin/python openvino_runner.py` (see runner_protocol for the
 conversation). The spec names the exported OpenVINO model folder (`make peer-openvino` exports the converted
-checkpoint minibatch loads, in float32), the precision hint ("f32", or None for OpenVINO's default, which is
-bfloat16 on a CPU with AMX or AVX512-BF16), the threads, the batch size (SchedulerConfig.max_num_seqs, so a
-pipeline is built for each batch size) and the longest request; everything else is OpenVINO's default
+checkpoint minibatch loads, in float32), the precision ("f32" for the arithmetic and the KV cache, or None for
+OpenVINO's defaults: bfloat16 arithmetic on a CPU with AMX or AVX512-BF16, a KV cache in u8), the threads,
+the batch size (SchedulerConfig.max_num_seqs, so a pipeline is built for each batch size) and the longest
+request; everything else is OpenVINO's default
 (paged KV cache, dynamic split-fuse chunked prefill, no prefix caching).
 """
 from __future__ import annotations
@@ -19,8 +20,9 @@ def load(spec: dict):
     scheduler.max_num_seqs = spec["batch_size"]
     scheduler.enable_prefix_caching = False
     properties = {"INFERENCE_NUM_THREADS": spec["threads"]}
-    if spec.get("precision"):
-        properties["INFERENCE_PRECISION_HINT"] = spec["precision"]
+    if spec.get("precision"):                 # the arithmetic, and the keys and values (the CPU's default: u8)
+        for name in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "KEY_CACHE_PRECISION", "VALUE_CACHE_PRECISION"):
+            properties[name] = spec["precision"]
     pipe = genai.ContinuousBatchingPipeline(spec["model"], scheduler, "CPU", properties)
     state = (pipe, ov, genai)
     generate(state, [[1, 2, 3, 4]] * 2, [4, 4], 2)                    # warm-up, not timed
