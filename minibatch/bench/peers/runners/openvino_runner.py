@@ -36,7 +36,9 @@ def generate(state, prompts: list, output_lens: list, batch_size: int) -> list:
     configs = []
     for n in output_lens:
         config = genai.GenerationConfig()
-        config.max_new_tokens, config.min_new_tokens, config.ignore_eos, config.do_sample = n, n, True, False
+        # ignore_eos alone: the end-of-sequence token is produced and generation goes on, as in the reference
+        # (min_new_tokens would forbid that token instead, and change the tokens wherever the model wants it)
+        config.max_new_tokens, config.ignore_eos, config.do_sample = n, True, False
         configs.append(config)
     results = pipe.generate(inputs, configs)
     return [list(r.m_generation_ids[0]) for r in results]            # in prompt order
