@@ -11,8 +11,8 @@ OpenVINO's format in float32 (`optimum-cli export openvino ... --weight-format f
   checked against transformers in float32 by the near-tie rule (its kernels sum in another order and may fuse
   differently). The precision hint alone leaves the keys and values in OpenVINO's CPU default, u8.
 - `OpenVino("default")`: OpenVINO's own defaults, bfloat16 arithmetic on a CPU with AMX or AVX512-BF16
-  (float32 elsewhere) and a u8 KV cache, checked against transformers in bfloat16 by the near-tie rule; the
-  u8 cache makes it miss that check (its rows are marked unverified), which is what its users run.
+  (float32 elsewhere) and keys and values in u8, checked against transformers in bfloat16 by the near-tie rule:
+  what its users run.
 
 A pipeline is built for each max batch size (SchedulerConfig.max_num_seqs), at the bench's thread count.
 """
