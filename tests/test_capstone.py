@@ -16,7 +16,7 @@ from minibatch.config import ConfigError
 from minibatch.analysis.memory import KVShape
 
 ROOT = Path(__file__).resolve().parent.parent
-BASELINE = EngineConfig(model="smollm2-135m", scheduler="static", max_batch_size=32, batch_timeout_s=2.0,
+BASELINE = EngineConfig(model="smollm2-135m", scheduler="static", max_batch_size=32, batch_timeout_s=0.3,
                         block_size=16, num_kv_blocks=34)
 
 
@@ -44,8 +44,8 @@ def test_workload_is_fixed_and_mixed():
     assert classes == again_classes and set(classes) == {"chat", "document"}
     arrivals = [w.arrival_s for w in requests]
     assert arrivals == sorted(arrivals)
-    for at, size in capstone.BURSTS:                      # each burst: its requests arrive within a few seconds
-        assert sum(at <= t < at + 6 for t in arrivals) >= size
+    for at, size in capstone.BURSTS:                      # each burst: its requests arrive within a second
+        assert sum(at <= t < at + 1 for t in arrivals) >= size
     docs = [w for w, k in zip(requests, classes) if k == "document"]
     chats = [w for w, k in zip(requests, classes) if k == "chat"]
     assert min(len(w.prompt) for w in docs) > 2 * max(len(w.prompt) for w in chats)
@@ -60,7 +60,7 @@ def test_confirmation_is_the_first_burst_shifted_to_zero():
     assert len(burst) == len(inside) >= 10
     assert [w.prompt for w in burst] == [w.prompt for w, _ in inside]
     assert [w.arrival_s + start for w in burst] == pytest.approx([w.arrival_s for w, _ in inside])
-    assert min(w.arrival_s for w in burst) == pytest.approx(0.0, abs=0.5)
+    assert min(w.arrival_s for w in burst) == pytest.approx(0.0, abs=0.1)
     assert burst_classes == [k for _, k in inside]
 
 
@@ -91,10 +91,14 @@ def test_goodput_counts_the_requests_within_their_class_sla(reference_score):
 
 
 @pytest.mark.parametrize("config, missed", [
-    (BASELINE, "chat: .* over the TTFT limit"),                                                   # static, 2 s wait
+    (BASELINE, "chat: .* over the TTFT limit"),                                                   # static, 0.3 s wait
     (EngineConfig(model="smollm2-135m", num_kv_blocks=34), "chat: .* over the TTFT limit"),       # 8 slots for a burst of 20
     (EngineConfig(model="smollm2-135m", scheduler="edge", num_kv_blocks=34), "document: .* over the TTFT limit"),
     (EngineConfig(model="smollm2-135m", max_batch_size=20, num_kv_blocks=20), "chat: .* over the TTFT limit"),  # preempts
+    (EngineConfig(model="smollm2-135m", max_batch_size=16, block_size=8, num_kv_blocks=68, max_tokens_per_step=256),
+     "chat: .* over the TTFT limit"),                                 # four of each burst wait for a slot
+    (EngineConfig(model="smollm2-135m", max_batch_size=24, block_size=8, num_kv_blocks=68, max_tokens_per_step=256),
+     "chat: .* over the TPOT limit of 0.085 s"),                      # a step of 24 is too long for the TPOT limit
 ])
 def test_poor_configs_fail_naming_the_limit(config, missed):
     score = capstone.score(config)

@@ -67,9 +67,9 @@ def test_ttft_mistakes_are_caught():
 
 @pytest.mark.parametrize("answer, words", [
     (lambda base: base, ["step_priority='decode-first' with max_tokens_per_step=512 misses",
-                         "chat: longest gap between two tokens", "over the limit of 2 s by"]),
+                         "chat: longest gap between two tokens", "over the limit of 0.6 s by"]),
     (lambda base: replace(base, step_priority="prefill-first", max_tokens_per_step=256), ["chat: longest gap"]),
-    (lambda base: replace(base, max_tokens_per_step=64), ["document: p99 TTFT", "over the limit of 45 s by"]),
+    (lambda base: replace(base, max_tokens_per_step=64), ["document: p99 TTFT", "over the limit of 11 s by"]),
     (lambda base: replace(base, max_tokens_per_step=256, max_batch_size=32), ["max_batch_size changed"]),
     (lambda base: "decode-first", ["must return an EngineConfig", "'decode-first'"]),
     (lambda base: replace(base, step_priority="decode"), ["refuses", "step_priority='decode'"]),

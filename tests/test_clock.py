@@ -70,7 +70,6 @@ def test_roofline_is_memory_bound_for_decode_and_compute_bound_for_long_prefill(
 def test_profiles_load_and_bad_ones_are_refused(tmp_path):
     assert {"smollm2-135m-cpu", "h100-roofline", "phone-roofline"} <= set(list_profiles())
     assert isinstance(cost_model("smollm2-135m-cpu"), BandedCostModel)   # today's engine, fitted by row band
-    assert isinstance(cost_model("first-engine-cpu"), LinearCostModel)   # the first engine's straight line
     with pytest.raises(ConfigError, match="sim_profile='no-such-profile'"):
         load_profile("no-such-profile")
     with pytest.raises(ConfigError, match="roofline"):

@@ -261,8 +261,13 @@ def test_11_policy_lab():
     from minibatch.checks.policies import check_policy_lab
 
     assert check_policy_lab(lambda base: replace(base, scheduling_policy="shortest_prompt",
-                                                 aging_tokens_per_s=20.0)).solved
+                                                 aging_tokens_per_s=200.0)).solved
     assert "chats wait behind" in rejected(check_policy_lab, lambda base: base)                              # fcfs
+    shortest = lambda aging: lambda base: replace(base, scheduling_policy="shortest_prompt",                 # noqa: E731
+                                                  aging_tokens_per_s=aging)
+    assert "only after 10 s of waiting" in rejected(check_policy_lab, shortest(100.0))      # the default aging
+    assert "lower it" in rejected(check_policy_lab, shortest(300.0))                        # the chapter's aging
+    assert "a chat of 60 tokens loses" in rejected(check_policy_lab, shortest(0.0))         # no aging
     assert "prefill its whole prompt again" in rejected(check_policy_lab,
                                                         lambda base: replace(base, scheduling_policy="priority"))
     assert "only scheduling_policy" in rejected(check_policy_lab, lambda base: replace(base, max_batch_size=64))

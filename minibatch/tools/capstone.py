@@ -1,20 +1,20 @@
 """The capstone: a workload, an SLA and a KV memory budget the course has not shown, and a score.
 
-The workload (`workload()`, seeded, the same for everyone): about three minutes of traffic to
+The workload (`workload()`, seeded, the same for everyone): about thirty seconds of traffic to
 `smollm2-135m`, in two classes of request.
 - chat: short questions and instructions (shipped prompt texts sent as plain text, 7 to 43
-  tokens), 8 to 32 new tokens each, arriving as a Poisson process at 0.25 per second, plus two
+  tokens), 8 to 32 new tokens each, arriving as a Poisson process at 1.5 per second, plus two
   bursts of 20 (a class pressing enter at once);
 - document: long grounded prompts (correct, summarise, extract from or answer about a given text,
-  about 100 to 230 tokens), 48 to 80 new tokens each, arriving at 0.05 per second.
+  about 100 to 230 tokens), 48 to 80 new tokens each, arriving at 0.3 per second.
 
 The rules: each class has its own SLA (`SLAS`); at least `TARGET` of each class's requests must meet
 every limit of their SLA; the KV cache may take at most `KV_BUDGET_BYTES`.
 
 `score(config)` serves the workload with `config` on the simulated clock without the model, on a
-fixed reference machine (the profile `first-engine-cpu`: the course's first engine on one thread
-of a 2-core laptop, for which the workload and the SLAs were set), so a score is deterministic, the
-same for everyone whatever their laptop or engine version, and takes about a second; `evaluate` scores
+fixed reference machine (the profile `reference-cpu`: the default engine on the course's 2-core
+reference CPU, frozen on the day the workload and the SLAs were set for it), so a score is
+deterministic, the same for everyone whatever their laptop or engine version, and takes about a second; `evaluate` scores
 any run of these requests, e.g. one measured on the real model. The simulated clock does not model
 speculative decoding (what it gains depends on the real tokens), so `score` leaves it out.
 """
@@ -30,23 +30,23 @@ from minibatch.workloads.grounded import grounded_prompts
 from minibatch.workloads import Poisson, Uniform, WorkloadRequest, load_prompts, make_workload
 
 MODEL = "smollm2-135m"
-SLAS = {"chat": SLA(ttft_s=4.0, tpot_s=0.5, percentile=95),         # a person waits for the first words
-        "document": SLA(ttft_s=10.0, tpot_s=0.6, percentile=95)}   # a long job may start later
+SLAS = {"chat": SLA(ttft_s=0.5, tpot_s=0.085, percentile=95),       # a person waits for the first words
+        "document": SLA(ttft_s=2.0, tpot_s=0.1, percentile=95)}    # a long job may start later
 TARGET = 0.95                       # share of each class's requests that must meet every limit
 KV_BUDGET_BYTES = 24 << 20          # the KV cache's memory on this laptop: 24 MiB
 CHAT_KINDS = ("question", "instruction", "creative", "code", "maths", "rewrite", "classify", "opinion")
-BURSTS = ((40.0, 20), (110.0, 20))  # (seconds, chat requests arriving together at about 6 per second)
-CONFIRM_WINDOW = (40.0, 43.0)       # the slice served on the real model: most of the first burst
-PROFILE = "first-engine-cpu"      # the simulated machine every score runs on (see above)
+BURSTS = ((7.0, 20), (18.5, 20))    # (seconds, chat requests arriving together at about 36 per second)
+CONFIRM_WINDOW = (7.0, 7.5)         # the slice served on the real model: most of the first burst
+PROFILE = "reference-cpu"           # the simulated machine every score runs on (see above)
 
 
 def workload() -> tuple[list[WorkloadRequest], list[str]]:
     """The requests in arrival order and each one's class ("chat" or "document")."""
     chat = [p for kind in CHAT_KINDS for p in load_prompts(kind)]
     docs = grounded_prompts() + load_prompts("answer")
-    parts = [(make_workload(40, Poisson(0.25), Uniform(8, 32), prompts=chat, seed=0), "chat", 0.0),
-             (make_workload(8, Poisson(0.05), Uniform(48, 80), prompts=docs, seed=1), "document", 5.0)]
-    parts += [(make_workload(n, Poisson(6.0), Uniform(8, 32), prompts=chat, seed=2 + i), "chat", at)
+    parts = [(make_workload(40, Poisson(1.5), Uniform(8, 32), prompts=chat, seed=0), "chat", 0.0),
+             (make_workload(8, Poisson(0.3), Uniform(48, 80), prompts=docs, seed=1), "document", 0.8)]
+    parts += [(make_workload(n, Poisson(36.0), Uniform(8, 32), prompts=chat, seed=2 + i), "chat", at)
               for i, (at, n) in enumerate(BURSTS)]
     tagged = sorted(((replace(w, arrival_s=w.arrival_s + start), kind) for ws, kind, start in parts for w in ws),
                     key=lambda pair: pair[0].arrival_s)
