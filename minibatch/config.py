@@ -78,6 +78,11 @@ class EngineConfig:
                                                "a folder")
     speculative_layers: int | None = knob(None, "method 'layer_skip': layers the draft runs before the LM head; None "
                                                 "takes half")
+    speculative_adaptive: bool = knob(True, "each request drafts the number (0 to num_speculative_tokens) that "
+                                            "maximises its expected tokens per step over the measured step cost, "
+                                            "none while drafting would slow it; False: always num_speculative_tokens")
+    speculative_backoff_steps: int = knob(16, "speculative_adaptive: steps a request runs without drafts after "
+                                              "switching off, before it probes again with one draft")
     ngram_prompt_lookup_max: int = knob(4, "method 'ngram': the longest suffix n-gram looked up in the prompt and "
                                            "output")
     ngram_prompt_lookup_min: int = knob(1, "method 'ngram': the shortest one tried before giving up")
@@ -158,6 +163,9 @@ class EngineConfig:
             fail(owner, "profile_steps", True, "False when cuda_graphs=True (a captured graph cannot be timed layer by layer)")
         check_choice(owner, "speculative_method", self.speculative_method, SPECULATIVE_METHODS)
         check_int(owner, "num_speculative_tokens", self.num_speculative_tokens, 1)
+        if not isinstance(self.speculative_adaptive, bool):
+            fail(owner, "speculative_adaptive", self.speculative_adaptive, "True or False")
+        check_int(owner, "speculative_backoff_steps", self.speculative_backoff_steps, 1)
         check_int(owner, "ngram_prompt_lookup_min", self.ngram_prompt_lookup_min, 1)
         check_int(owner, "ngram_prompt_lookup_max", self.ngram_prompt_lookup_max, self.ngram_prompt_lookup_min)
         if self.speculative_layers is not None:

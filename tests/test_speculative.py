@@ -138,10 +138,13 @@ def noisy_draft(tmp_path_factory):
 
 
 def method_options(method: str, noisy_draft: str) -> dict:
-    return {"ngram": {"speculative_method": "ngram"},
-            "layer_skip": {"speculative_method": "layer_skip", "speculative_layers": 2},
-            "draft (itself)": {"speculative_method": "draft", "speculative_model": "tiny"},
-            "draft (noisy)": {"speculative_method": "draft", "speculative_model": noisy_draft}}[method]
+    """Every decoding sequence drafts k (speculative_adaptive=False): these tests check the verify mechanics;
+    tests/test_draft_policy.py checks the policy that drafts only what pays."""
+    return {"speculative_adaptive": False, **{
+        "ngram": {"speculative_method": "ngram"},
+        "layer_skip": {"speculative_method": "layer_skip", "speculative_layers": 2},
+        "draft (itself)": {"speculative_method": "draft", "speculative_model": "tiny"},
+        "draft (noisy)": {"speculative_method": "draft", "speculative_model": noisy_draft}}[method]}
 
 
 @pytest.mark.parametrize("method", ["ngram", "layer_skip", "draft (itself)", "draft (noisy)"])
@@ -204,7 +207,7 @@ def test_sampled_speculation_follows_the_model(tiny_hf, tmp_path):
     prompt, new, n = [10, 20, 30, 40], 4, 600
     params = [SamplingParams(max_new_tokens=new, temperature=1.0, top_k=2, seed=i, ignore_eos=True) for i in range(n)]
     llm = LLM(EngineConfig(model="tiny", max_batch_size=64, num_speculative_tokens=3, speculative_method="draft",
-                           speculative_model=perturbed_tiny(tmp_path, noise=0.01)))
+                           speculative_model=perturbed_tiny(tmp_path, noise=0.01), speculative_adaptive=False))
     counts = Counter(tuple(o.token_ids) for o in llm.generate([prompt] * n, params, use_tqdm=False))
     outcomes = [o for st in llm.engine.step_records for o in st.spec_outcomes]
     assert any(a < d for d, a in outcomes) and any(a > 0 for _, a in outcomes), "want both accepted and rejected drafts"
@@ -238,15 +241,17 @@ def test_compare_speculation_rows_on_the_same_tokens(noisy_draft):
     its own steps, and an engine that changes the tokens is refused."""
     from minibatch.bench.speculative import compare_speculation
 
-    base = dict(model="tiny", scheduler="edge", num_speculative_tokens=3)
+    base = dict(model="tiny", scheduler="edge", num_speculative_tokens=3, speculative_adaptive=False)
     engines = {"plain": LLM(EngineConfig(model="tiny", scheduler="edge")),
                "ngram": LLM(EngineConfig(**base, speculative_method="ngram"))}
     rows = compare_speculation(engines, PROMPTS[:2], max_new_tokens=NEW)
     plain, ngram = rows
     assert [r["engine"] for r in rows] == ["plain", "ngram"]
-    assert plain["speedup"] == plain["step_cost"] == 1.0 and plain["acceptance_rate"] is None
+    assert plain["speedup"] == plain["step_cost"] == plain["predicted_speedup"] == 1.0
+    assert plain["acceptance_rate"] is None and plain["tokens_per_step"] == 1.0 and plain["drafting_steps"] == 0
     assert plain["tokens"] == ngram["tokens"] == 2 * NEW
     assert 0 < ngram["acceptance_rate"] <= 1 and ngram["tokens_per_step"] > 1 and ngram["step_cost"] > 0
+    assert 0 < ngram["drafting_steps"] <= 1 and ngram["formula_tokens_per_step"] >= 1 and ngram["predicted_speedup"] > 0
     another_model = {"plain": engines["plain"], "other": LLM(EngineConfig(model=noisy_draft, scheduler="edge"))}
     with pytest.raises(AssertionError, match="other tokens"):
         compare_speculation(another_model, PROMPTS[:2], max_new_tokens=NEW)
@@ -259,7 +264,8 @@ def test_speedup_by_batch_reports_what_makes_the_speedup():
     from minibatch.viz import speedup_vs_batch
 
     plain = LLM(EngineConfig(model="tiny", max_batch_size=4))
-    ngram = LLM(EngineConfig(model="tiny", max_batch_size=4, speculative_method="ngram", num_speculative_tokens=3))
+    ngram = LLM(EngineConfig(model="tiny", max_batch_size=4, speculative_method="ngram", num_speculative_tokens=3,
+                             speculative_adaptive=False))
     rows = speedup_by_batch(plain, ngram, PROMPTS[0], batch_sizes=(1, 4), max_new_tokens=NEW)
     assert [r["batch_size"] for r in rows] == [1, 4]
     for r in rows:

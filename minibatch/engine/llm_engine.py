@@ -78,6 +78,8 @@ class LLMEngine:
         self.requests: dict[int, Request] = {}
         self.step_records: list[StepRecord] = []
         self.step_observers: list = []   # callables f(record, finished) run after every step (monitoring, dashboards)
+        if self.decoder.drafts:
+            self.step_observers.append(self.decoder.observe_step)   # speculation learns what its steps cost
         self._next_id = 0
 
     @property

@@ -15,6 +15,11 @@ Proposers:
 - "layer_skip": the first layers of the model itself, then its final norm and LM head. Its cache
   is the model's own first layers, which the verification pass writes anyway.
 
+How many drafts: with `EngineConfig.speculative_adaptive` (the default) a `DraftPolicy` gives each
+request the number of drafts that pays on its own acceptance rate and the measured cost of a verify
+step, none where drafting would slow it down (see `minibatch.engine.draft_policy`); without it,
+every decoding sequence drafts k.
+
 Verification: greedy keeps drafts while they equal the model's argmax (`verify_greedy`); sampling
 uses the rejection rule of Leviathan et al. and Chen et al. (2023) (`verify_sampled`), so tokens
 follow the model's own distribution p whatever the draft's q. KV slots written for rejected
@@ -27,17 +32,12 @@ import numpy as np
 import torch
 
 from minibatch.config import ConfigError
+from minibatch.engine.draft_policy import DraftPolicy, expected_tokens_per_step  # noqa: F401 (its public home)
 from minibatch.engine.kernels import AttentionMetadata
 from minibatch.engine.kv import KVCache
 from minibatch.engine.models import load_model
 from minibatch.engine.models.llama import LlamaModel
 from minibatch.engine.sampling import PlainDecoder, filter_logits, most_likely
-
-
-def expected_tokens_per_step(acceptance_rate: float, k: int) -> float:
-    """Tokens a step yields when each draft is accepted with probability a: 1 + a + ... + a^k."""
-    a = acceptance_rate
-    return k + 1.0 if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
 def ngram_propose(token_ids: list[int], k: int, n_max: int, n_min: int) -> list[int]:
@@ -85,8 +85,9 @@ class NgramProposer:
     def __init__(self, n_max: int, n_min: int):
         self.n_max, self.n_min = n_max, n_min
 
-    def propose(self, seqs, sampler):
-        drafts = [ngram_propose(s.request.all_token_ids, s.num_lookahead, self.n_max, self.n_min) for s in seqs]
+    def propose(self, seqs, ks, sampler):
+        """Up to ks[i] drafts for seqs[i]: what followed the latest earlier match of its last tokens."""
+        drafts = [ngram_propose(s.request.all_token_ids, k, self.n_max, self.n_min) for s, k in zip(seqs, ks)]
         return drafts, [None] * len(seqs)
 
     def rewind(self, request_id: int, num_tokens: int) -> None:
@@ -115,7 +116,8 @@ class ModelProposer:
         self.computed.pop(request_id, None)
 
     @torch.inference_mode()
-    def propose(self, seqs, sampler):
+    def propose(self, seqs, ks, sampler):
+        """ks[i] drafts for seqs[i], one pass per draft position, the sequences still drafting batched."""
         starts, feeds = [], []
         for seq in seqs:
             r = seq.request
@@ -123,8 +125,8 @@ class ModelProposer:
             starts.append(start)
             feeds.append(r.all_token_ids[start:])
         drafts, probs = [[] for _ in seqs], [[] for _ in seqs]
-        for _ in range(max(s.num_lookahead for s in seqs)):
-            active = [i for i, s in enumerate(seqs) if len(drafts[i]) < s.num_lookahead]
+        for _ in range(max(ks)):
+            active = [i for i, k in enumerate(ks) if len(drafts[i]) < k]
             logits = self._forward([seqs[i].request.request_id for i in active],
                                    [feeds[i] for i in active], [starts[i] for i in active])  # (len(active), V)
             for row, i in enumerate(active):
@@ -164,21 +166,37 @@ class Speculator:
 
     drafts = True                                   # propose is a phase of the step
 
-    def __init__(self, proposer, blocks, sampler):
+    def __init__(self, proposer, blocks, sampler, policy: DraftPolicy | None = None):
         self.proposer, self.blocks, self.sampler = proposer, blocks, sampler
+        self.policy = policy                        # how many drafts pay per request; None: always all k
         self.draft_probs: dict[int, torch.Tensor | None] = {}  # request id -> q (k, V) of this step's drafts
 
     def propose(self, plan) -> None:
-        """Fill draft_token_ids of every sequence the scheduler reserved lookahead slots for."""
+        """Fill draft_token_ids of every sequence the scheduler reserved lookahead slots for, as many as
+        the policy says pay (a sequence given none runs exactly as in plain decoding)."""
         for seq in plan.seqs:                      # a preempted request recomputes from 0: so must its draft
             self.proposer.rewind(seq.request.request_id, seq.start)
-        seqs = [s for s in plan.seqs if s.num_lookahead]
+        batch = sum(1 for s in plan.seqs if not s.is_prefill)
+        wanted = [(s, self._num_drafts(s, batch)) for s in plan.seqs if s.num_lookahead]
+        seqs, ks = [s for s, k in wanted if k], [k for _, k in wanted if k]
         self.draft_probs.clear()
         if seqs:
-            drafts, probs = self.proposer.propose(seqs, self.sampler)
+            drafts, probs = self.proposer.propose(seqs, ks, self.sampler)
             for seq, d, q in zip(seqs, drafts, probs):
                 seq.draft_token_ids = d
                 self.draft_probs[seq.request.request_id] = q
+
+    def _num_drafts(self, seq, batch: int) -> int:
+        if self.policy is None:
+            return seq.num_lookahead
+        return self.policy.num_drafts(seq.request.request_id, batch, room=seq.num_lookahead)
+
+    def observe_step(self, record, finished) -> None:
+        """After every step (an engine step observer): a decode step's rows and duration teach the policy
+        what a verify step costs on this machine."""
+        if self.policy is not None and record.num_prefill_tokens == 0:
+            rows = record.num_decode_tokens + sum(drafted for drafted, _ in record.spec_outcomes)
+            self.policy.observe_step(rows, record.duration)
 
     def choose(self, logits, plan) -> tuple[list[list[int]], list[None], list[tuple[int, int]]]:
         """logits (rows, V): 1 + len(drafts) rows per sampling sequence. Returns the tokens each one
@@ -199,6 +217,8 @@ class Speculator:
             outputs.append(tokens)
             if drafts:
                 outcomes.append((len(drafts), len(tokens) - 1))
+                if self.policy is not None:
+                    self.policy.observe_outcome(r.request_id, len(drafts), len(tokens) - 1)
         return outputs, [None] * len(outputs), outcomes
 
     def rewind(self, plan) -> None:
@@ -211,6 +231,8 @@ class Speculator:
     def release(self, request_id: int) -> None:
         self.proposer.release(request_id)
         self.sampler.release(request_id)
+        if self.policy is not None:
+            self.policy.release(request_id)
 
 
 def make_decoder(config, sampler, model, kv_cache, blocks, device, dtype, max_model_len):
@@ -236,4 +258,6 @@ def make_decoder(config, sampler, model, kv_cache, blocks, device, dtype, max_mo
         cache = KVCache(draft.num_layers, blocks.num_blocks, blocks.block_size, draft.num_kv_heads,
                         draft.head_dim, dtype, device)
         proposer = ModelProposer(draft, cache, blocks, device)
-    return Speculator(proposer, blocks, sampler)
+    policy = DraftPolicy(config.num_speculative_tokens, config.speculative_backoff_steps) \
+        if config.speculative_adaptive else None
+    return Speculator(proposer, blocks, sampler, policy)
