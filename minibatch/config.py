@@ -82,7 +82,8 @@ class EngineConfig:
                                             "maximises its expected tokens per step over the measured step cost, "
                                             "none while drafting would slow it; False: always num_speculative_tokens")
     speculative_backoff_steps: int = knob(16, "speculative_adaptive: steps a request runs without drafts after "
-                                              "switching off, before it probes again with one draft")
+                                              "switching off, before it probes again with one draft (doubled "
+                                              "after each failed probe)")
     ngram_prompt_lookup_max: int = knob(4, "method 'ngram': the longest suffix n-gram looked up in the prompt and "
                                            "output")
     ngram_prompt_lookup_min: int = knob(1, "method 'ngram': the shortest one tried before giving up")

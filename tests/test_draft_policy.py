@@ -73,14 +73,26 @@ def test_a_request_that_would_slow_down_switches_off_then_probes_and_can_win_aga
     assert policy.num_drafts(rid, batch=1, room=4) == 1   # the probe: one draft
     assert policy.num_drafts(rid, batch=1, room=4) == 1   # no outcome yet (no match found): still probing
     policy.observe_outcome(rid, drafted=1, accepted=0)
-    assert policy.num_drafts(rid, batch=1, room=4) == 0   # rejected: off again
-    for _ in range(4):
-        policy.num_drafts(rid, batch=1, room=4)
+    assert policy.num_drafts(rid, batch=1, room=4) == 0   # rejected: off again, for twice as long
+    assert [policy.num_drafts(rid, batch=1, room=4) for _ in range(8)] == [0] * 7 + [1]
     for _ in range(4):                                    # the output starts copying its input
         policy.observe_outcome(rid, drafted=1, accepted=1)
     assert policy.num_drafts(rid, batch=1, room=4) > 1    # drafting pays again, more than one draft
+    assert policy.requests[rid].backoff == 0              # and a later switch-off starts short again
     policy.release(rid)
     assert rid not in policy.requests
+
+
+def test_failed_probes_double_the_wait_up_to_the_longest():
+    policy = policy_with_costs(per_row=1.0, backoff_steps=2)   # drafting never pays here
+    policy.max_backoff_steps = 8
+    probes = []
+    for step in range(1, 45):
+        if policy.num_drafts(0, batch=1, room=4):
+            probes.append(step)
+            policy.observe_outcome(0, drafted=1, accepted=0)
+    # off at step 1 for 2 steps, probe; off for 4, probe; then 8, 8, 8 (the longest)
+    assert probes == [3, 8, 17, 26, 35, 44] and policy.requests[0].backoff == 8
 
 
 @settings(max_examples=100, deadline=None)

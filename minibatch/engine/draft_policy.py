@@ -15,7 +15,8 @@ Each step it picks, per request, the k in 1..k_max with the largest E(a, k) / c(
 gain clears `min_gain` (a margin above 1: both numbers are estimates, and a draft that only breaks
 even is not worth the risk of slowing the request); else k = 0. Then the request stops drafting for
 `backoff_steps` of its steps, and probes with one draft (a cheap re-check: a request whose output
-becomes grounded later wins again). A step in which nobody drafts runs exactly what plain decoding
+becomes grounded later wins again); each probe that fails doubles the wait, up to `max_backoff_steps`,
+so a proposer that never pays costs almost nothing. A step in which nobody drafts runs exactly what plain decoding
 runs. Before any plain step of a batch size was timed, the policy asks for one (k = 0): every cost
 is relative to it.
 """
@@ -40,6 +41,7 @@ class RequestAcceptance:
     reached: float
     steps: int = 0                 # this request's decode steps so far
     off_until: int = 0             # switched off: no drafts before this step
+    backoff: int = 0               # steps the next switch-off lasts (0: the policy's first backoff)
     probing: bool = False          # after the backoff: one draft per step until a verify outcome arrives
 
     @property
@@ -51,10 +53,11 @@ class DraftPolicy:
     """Per-request number of drafts: the k maximising expected tokens per step over measured step cost."""
 
     def __init__(self, k_max: int, backoff_steps: int = 16, decay: float = 0.8, prior_rate: float = 0.5,
-                 window: int = 16, min_gain: float = 1.1):
+                 window: int = 16, min_gain: float = 1.1, max_backoff_steps: int = 256):
         self.k_max = k_max                  # the most drafts a step proposes (EngineConfig.num_speculative_tokens)
         self.min_gain = min_gain            # drafting must promise this many times plain decoding's tokens/s
         self.backoff_steps = backoff_steps  # steps a switched-off request runs plain before it probes again
+        self.max_backoff_steps = max(max_backoff_steps, backoff_steps)  # the longest wait, after failed probes
         self.decay = decay                  # weight of a request's earlier outcomes at each new one
         self.prior_rate = prior_rate        # a request's acceptance before any outcome, worth one draft position
         self.step_times: dict[int, deque] = {}  # rows in a decode step -> its latest durations (s)
@@ -121,7 +124,10 @@ class DraftPolicy:
             return 1                                         # the backoff ended: probe with one draft
         k = self.best_k(state.rate, batch, min(room, self.k_max))
         if k == 0:                                           # drafting would slow this request: switch off
-            state.off_until, state.probing = state.steps + self.backoff_steps, True
+            state.backoff = min(2 * state.backoff, self.max_backoff_steps) if state.backoff else self.backoff_steps
+            state.off_until, state.probing = state.steps + state.backoff, True
+        else:
+            state.backoff = 0                                # drafting pays: a later switch-off starts short
         return k
 
     def _state(self, request_id: int) -> RequestAcceptance:
