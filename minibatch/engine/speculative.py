@@ -18,7 +18,10 @@ Proposers:
 How many drafts: with `EngineConfig.speculative_adaptive` (the default) a `DraftPolicy` gives each
 request the number of drafts that pays on its own acceptance rate and the measured cost of a verify
 step, none where drafting would slow it down (see `minibatch.engine.draft_policy`); without it,
-every decoding sequence drafts k.
+every decoding sequence drafts k. Greedy tokens are the same either way. Sampled tokens follow the
+model's distribution either way, but with the policy the number of drafts, and so how a request's
+random stream is spent, depends on measured step times: set it off for sampled outputs that repeat
+exactly from run to run.
 
 Verification: greedy keeps drafts while they equal the model's argmax (`verify_greedy`); sampling
 uses the rejection rule of Leviathan et al. and Chen et al. (2023) (`verify_sampled`), so tokens
