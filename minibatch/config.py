@@ -78,9 +78,11 @@ class EngineConfig:
                                                "a folder")
     speculative_layers: int | None = knob(None, "method 'layer_skip': layers the draft runs before the LM head; None "
                                                 "takes half")
-    speculative_adaptive: bool = knob(True, "each request drafts the number (0 to num_speculative_tokens) that "
-                                            "maximises its expected tokens per step over the measured step cost, "
-                                            "none while drafting would slow it; False: always num_speculative_tokens")
+    speculative_adaptive: bool = knob(True, "each greedy request drafts the number (0 to num_speculative_tokens) "
+                                            "that maximises its expected tokens per step over the measured step "
+                                            "cost, none while drafting would slow it (sampled requests always draft "
+                                            "num_speculative_tokens, so a seed repeats); False: always "
+                                            "num_speculative_tokens")
     speculative_backoff_steps: int = knob(16, "speculative_adaptive: steps a request runs without drafts after "
                                               "switching off, before it probes again with one draft (doubled "
                                               "after each failed probe)")

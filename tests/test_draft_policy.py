@@ -123,6 +123,22 @@ def test_greedy_tokens_equal_plain_decoding_while_requests_switch_off_and_on(tin
     assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks and not policy.requests
 
 
+def test_a_seeded_sample_repeats_whatever_the_step_times():
+    """Sampled requests draft k every step whatever the policy measured, so a seed gives the same sample: the
+    same tokens with the policy on (its steps timed on a clock where drafts cost a lot) as with it off."""
+    prompts, params = [[5, 6, 7, 8, 9] * 3, list(range(20, 57))], SamplingParams(max_new_tokens=24, temperature=0.8,
+                                                                                 seed=7)
+    runs = []
+    for adaptive in (True, False):
+        llm = LLM(EngineConfig(model="tiny", max_batch_size=2, speculative_method="ngram", num_speculative_tokens=4,
+                               speculative_adaptive=adaptive))
+        if adaptive:
+            timed = llm.engine.decoder.policy.observe_step
+            llm.engine.decoder.policy.observe_step = lambda rows, duration_s: timed(rows, float(rows))
+        runs.append([o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+    assert runs[0] == runs[1]
+
+
 @pytest.mark.parametrize("field,value,allowed", [
     ("speculative_adaptive", "yes", "True or False"),
     ("speculative_backoff_steps", 0, "an integer >= 1"),

@@ -16,9 +16,10 @@ gain clears `min_gain` (a margin above 1: both numbers are estimates, and a draf
 even is not worth the risk of slowing the request); else k = 0. Then the request stops drafting for
 `backoff_steps` of its steps, and probes with one draft (a cheap re-check: a request whose output
 becomes grounded later wins again); each probe that fails doubles the wait, up to `max_backoff_steps`,
-so a proposer that never pays costs almost nothing. A step in which nobody drafts runs exactly what plain decoding
-runs. Before any plain step of a batch size was timed, the policy asks for one (k = 0): every cost
-is relative to it.
+so a proposer that never pays costs almost nothing. A step in which nobody drafts runs exactly what
+plain decoding runs. Before any plain step of a batch size was timed, the policy asks for one
+(k = 0): every cost is relative to it. It decides for greedy requests only, whose tokens do not
+depend on k; a sampled request drafts k every step, so its seed repeats its sample.
 """
 from __future__ import annotations
 

@@ -18,10 +18,9 @@ Proposers:
 How many drafts: with `EngineConfig.speculative_adaptive` (the default) a `DraftPolicy` gives each
 request the number of drafts that pays on its own acceptance rate and the measured cost of a verify
 step, none where drafting would slow it down (see `minibatch.engine.draft_policy`); without it,
-every decoding sequence drafts k. Greedy tokens are the same either way. Sampled tokens follow the
-model's distribution either way, but with the policy the number of drafts, and so how a request's
-random stream is spent, depends on measured step times: set it off for sampled outputs that repeat
-exactly from run to run.
+every decoding sequence drafts k. Greedy tokens are the same either way. A sampled request always
+drafts k: how many drafts it proposes decides how its random stream is spent, and a number that
+followed measured step times would break the promise that a seed gives the same sample.
 
 Verification: greedy keeps drafts while they equal the model's argmax (`verify_greedy`); sampling
 uses the rejection rule of Leviathan et al. and Chen et al. (2023) (`verify_sampled`), so tokens
@@ -190,7 +189,7 @@ class Speculator:
                 self.draft_probs[seq.request.request_id] = q
 
     def _num_drafts(self, seq, batch: int) -> int:
-        if self.policy is None:
+        if self.policy is None or not seq.request.params.greedy:    # a seeded sample must repeat exactly
             return seq.num_lookahead
         return self.policy.num_drafts(seq.request.request_id, batch, room=seq.num_lookahead)
 

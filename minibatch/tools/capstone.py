@@ -14,9 +14,10 @@ every limit of their SLA; the KV cache may take at most `KV_BUDGET_BYTES`.
 `score(config)` serves the workload with `config` on the simulated clock without the model, on a
 fixed reference machine (the profile `reference-cpu`: the default engine on the course's 2-core
 reference CPU, frozen on the day the workload and the SLAs were set for it), so a score is
-deterministic, the same for everyone whatever their laptop or engine version, and takes about a second; `evaluate` scores
-any run of these requests, e.g. one measured on the real model. The simulated clock does not model
-speculative decoding (what it gains depends on the real tokens), so `score` leaves it out.
+deterministic, the same for everyone whatever their laptop or engine version, and takes about a
+second; `evaluate` scores any run of these requests, e.g. one measured on the real model. The
+simulated clock does not model speculative decoding (what it gains depends on the real tokens), so
+`score` leaves it out.
 """
 from __future__ import annotations
 
