@@ -10,7 +10,7 @@ IDS = [3 + i % 200 for i in range(600)]
 
 def stall_run(budget, step_priority="decode-first"):
     llm = LLM(EngineConfig(model="smollm2-135m", max_tokens_per_step=budget, clock="simulated", sim_skip_model=True,
-                           step_priority=step_priority))
+                           step_priority=step_priority, sim_profile="reference-cpu"))   # fixed: counts below hold
     report = llm.run(stall_workload(IDS, 512), use_tqdm=False)
     return prefill_sharing(report.steps, report.requests[-1].request_id)
 
