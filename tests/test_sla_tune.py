@@ -11,7 +11,7 @@ from minibatch.analysis.sla import SLA, evaluate, goodput
 from minibatch.tools.tune import KNOBS, _rank, tune
 from minibatch.workloads import ClosedLoop, Poisson, Uniform, make_workload
 
-BASE = EngineConfig(model="tiny", sim_profile="reference-cpu")   # a fixed machine: the figures below hold after any recalibration
+BASE = EngineConfig(model="tiny", sim_profile="reference-cpu")   # a fixed machine: holds after any recalibration
 SPACE = {"max_batch_size": (1, 2, 4, 8, 16), "batch_timeout_s": (0.0, 0.2, 1.0), "max_tokens_per_step": (32, 512)}
 
 
