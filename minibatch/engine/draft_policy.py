@@ -62,6 +62,7 @@ class DraftPolicy:
         self.decay = decay                  # weight of a request's earlier outcomes at each new one
         self.prior_rate = prior_rate        # a request's acceptance before any outcome, worth one draft position
         self.step_times: dict[int, deque] = {}  # rows in a decode step -> its latest durations (s)
+        self.costs: dict[tuple[int, int], float | None] = {}  # (batch, k) -> step_cost, until the next step
         self.window = window                # durations kept per row count
         self.requests: dict[int, RequestAcceptance] = {}
 
@@ -70,6 +71,7 @@ class DraftPolicy:
     def observe_step(self, rows: int, duration_s: float) -> None:
         """A decode step (no prompt tokens in it) ran `rows` rows (sequences plus drafts) in duration_s."""
         self.step_times.setdefault(rows, deque(maxlen=self.window)).append(duration_s)
+        self.costs.clear()                                        # step costs may have moved
 
     def observe_outcome(self, request_id: int, drafted: int, accepted: int) -> None:
         """A request's drafts were verified: `accepted` of `drafted` kept (greedy or rejection sampling)."""
@@ -109,7 +111,7 @@ class DraftPolicy:
     def best_k(self, rate: float, batch: int, k_max: int) -> int:
         """The k in 1..k_max with the largest expected tokens per step over step cost, if that gain clears
         min_gain; else 0 (drafting would slow the request, or gain too little to be sure it does not)."""
-        gains = {k: expected_tokens_per_step(rate, k) / self.step_cost(batch, k) for k in range(1, k_max + 1)}
+        gains = {k: expected_tokens_per_step(rate, k) / self._cost(batch, k) for k in range(1, k_max + 1)}
         best = max(gains, key=gains.get)
         return best if gains[best] >= self.min_gain else 0
 
@@ -130,6 +132,12 @@ class DraftPolicy:
         else:
             state.backoff = 0                                # drafting pays: a later switch-off starts short
         return k
+
+    def _cost(self, batch: int, k: int) -> float | None:
+        """step_cost, computed once per observed step: every request of a step asks the same questions."""
+        if (batch, k) not in self.costs:
+            self.costs[batch, k] = self.step_cost(batch, k)
+        return self.costs[batch, k]
 
     def _state(self, request_id: int) -> RequestAcceptance:
         if request_id not in self.requests:
