@@ -78,21 +78,40 @@ def test_the_table_gives_each_weight_its_bands(monkeypatch):
     assert bands(fp32) == [(STREAM_ROWS, "streamed"), (products.ANY_ROWS, "torch")]
 
 
-def test_the_bfloat16_crossover_is_measured_once_and_kept(tmp_path, monkeypatch):
+def test_the_crossovers_are_measured_once_and_kept(tmp_path, monkeypatch):
+    """bfloat16 weights and the float32 LM head get a crossover measured on the machine, once, then read from the
+    cache file; float32 weights in a layer keep the loop up to STREAM_ROWS (their compiled layers)."""
     monkeypatch.setenv("MINIBATCH_CACHE", str(tmp_path))
     measured = []
-    monkeypatch.setattr(crossover, "measure_bfloat16_crossover", lambda: measured.append(1) or 16)
+    monkeypatch.setattr(crossover, "measure_crossover",
+                        lambda dtype, shape, margin: measured.append((dtype, shape, margin)) or 16)
     assert crossover.streamed_rows(torch.bfloat16, "onednn") == 16
-    assert crossover.streamed_rows(torch.bfloat16, "onednn") == 16 and measured == [1]    # from the cache file
+    assert crossover.streamed_rows(torch.bfloat16, "onednn") == 16 and len(measured) == 1   # from the cache file
     assert (tmp_path / "crossovers.json").exists()
-    assert crossover.streamed_rows(torch.float32, "onednn") == STREAM_ROWS             # float32: a constant
+    assert crossover.streamed_rows(torch.float32, "onednn") == STREAM_ROWS             # in a layer: a constant
+    assert crossover.streamed_rows(torch.float32, "onednn", alone=True) == 16          # the LM head: measured
+    assert crossover.streamed_rows(torch.float32, "onednn", alone=True) == 16
     assert crossover.streamed_rows(torch.bfloat16, "torch") == STREAM_ROWS             # no GEMM to hand rows to
-    assert measured == [1]
+    assert measured == [(torch.bfloat16, crossover.LAYER_SHAPE, crossover.MARGIN),
+                        (torch.float32, crossover.HEAD_SHAPE, 1.0)]
 
 
-@pytest.mark.skipif(not onednn_supports(torch.zeros(1).bfloat16()), reason="oneDNN has no bfloat16 here")
-def test_the_measured_crossover_is_one_of_the_candidates():
-    assert crossover.measure_bfloat16_crossover(shape=(256, 64), rounds=2) in crossover.CANDIDATES
+def test_the_lm_head_alone_takes_its_own_bands(tmp_path, monkeypatch):
+    """The LM head is built with alone=True, so its float32 product can leave the loop at its own crossover."""
+    monkeypatch.setenv("MINIBATCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(crossover, "measure_crossover", lambda dtype, shape, margin: 8)
+    fp32 = torch.randn(64, 32)
+    many = "onednn" if onednn_supports(fp32) else "torch"
+    want = 8 if many == "onednn" else STREAM_ROWS
+    assert bands(fp32, alone=True) == [(want, "streamed"), (products.ANY_ROWS, many)]
+    assert bands(fp32) == [(STREAM_ROWS, "streamed"), (products.ANY_ROWS, many)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_measured_crossover_is_one_of_the_candidates(dtype):
+    if not onednn_supports(torch.zeros(1, dtype=dtype)):
+        pytest.skip(f"oneDNN has no {dtype} here")
+    assert crossover.measure_crossover(dtype, (256, 64), crossover.MARGIN, rounds=2) in crossover.CANDIDATES
 
 
 @settings(max_examples=40, deadline=None)

@@ -38,7 +38,7 @@ class LlamaModel(ModelShape):
         product = lambda names: ops.product(weight(names))                  # ... -> its product (engine/ops)
         self.tied = sd["lm_head.weight"].data_ptr() == sd["model.embed_tokens.weight"].data_ptr()
         self.embed = put(sd["model.embed_tokens.weight"])                  # (V, C), stays plain for lookups
-        self.lm_head = product(["lm_head.weight"])                          # (V, C), tied or not
+        self.lm_head = ops.product(weight(["lm_head.weight"]), alone=True)  # (V, C), tied or not
         self.final_norm = put(sd["model.norm.weight"])                      # (C,)
         self.layers = []
         for i in range(self.num_layers):

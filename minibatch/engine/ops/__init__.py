@@ -2,7 +2,8 @@
 
 `LlamaModel` (engine/models/llama.py) reads the same whichever path runs; it calls:
 
-    ops.product(weight)          at load: the weight's `Product` (ops/products.py: one table, by rows)
+    ops.product(weight, alone)   at load: the weight's `Product` (ops/products.py: one table, by rows;
+                                 alone: multiplied outside the layers, as the LM head is)
     ops.rms_norm(x, w, eps)      x (T, C) to unit root-mean-square, times w (C,)
     ops.rotary_write_kv(...)     rotate q and k of the fused q|k|v rows, store k and v in the paged cache
     ops.attention(q, ...)        paged attention of each query over its sequence's cached K/V

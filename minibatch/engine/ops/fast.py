@@ -29,9 +29,10 @@ class FastOps(ReferenceOps):
         self.whole_layers = True                           # False: every step part by part (to compare the two)
         self._operands = {}                                # (first layer, layers, rows) -> their operands, or None
 
-    def product(self, weight) -> Product:
-        """The product by a weight, its routine for each band of rows from the table (`ops.products`)."""
-        return Product(weight)
+    def product(self, weight, alone: bool = False) -> Product:
+        """The product by a weight, its routine for each band of rows from the table (`ops.products`);
+        alone: multiplied on its own, never inside a compiled layer (the LM head)."""
+        return Product(weight, alone)
 
     def rms_norm(self, x, weight, eps):
         return fused_cpu.rms_norm(x, weight, eps)

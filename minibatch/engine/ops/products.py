@@ -11,6 +11,8 @@ format) and on how many rows the step has; `bands` is that choice, written once,
                                                                decode layer
                                  more               onednn     a packed GEMM: prefill chunks are
                                                                compute-bound, where it is faster
+    float32, the LM head         1 .. crossover     streamed   multiplied on its own, so nothing compiled
+                                 more               onednn     to keep: the crossover is measured
     bfloat16 on a CPU            1 .. crossover     streamed   as above
                                  more               onednn     the crossover is measured on this
                                                                machine, once (`crossover`)
@@ -98,21 +100,23 @@ def onednn_supports(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.float32
 
 
-def bands(weight) -> list[tuple[float, str]]:
-    """The table above for one weight: [(up to this many rows, routine name), ...], rows ascending."""
+def bands(weight, alone: bool = False) -> list[tuple[float, str]]:
+    """The table above for one weight: [(up to this many rows, routine name), ...], rows ascending.
+    alone: the weight is multiplied on its own, never inside a compiled layer (the LM head)."""
     if isinstance(weight, QuantizedWeight):
         return [(ANY_ROWS, "blocks")]
     many = "onednn" if onednn_supports(weight) else "torch"
-    return [(streamed_rows(weight.dtype, many), "streamed"), (ANY_ROWS, many)]
+    return [(streamed_rows(weight.dtype, many, alone), "streamed"), (ANY_ROWS, many)]
 
 
 class Product:
-    """A weight (N, K) and its product by x (T, K): `product(x)` or `product(x, residual=r)`, (T, N)."""
+    """A weight (N, K) and its product by x (T, K): `product(x)` or `product(x, residual=r)`, (T, N).
+    alone: multiplied on its own, never inside a compiled layer (the LM head)."""
 
-    def __init__(self, weight):
+    def __init__(self, weight, alone: bool = False):
         self.shape, self.format, self.weight_bytes = describe(weight)
         built = {}
-        self.bands = [(rows, built.setdefault(name, ROUTINES[name](weight))) for rows, name in bands(weight)]
+        self.bands = [(rows, built.setdefault(name, ROUTINES[name](weight))) for rows, name in bands(weight, alone)]
 
     def routine(self, rows: int):
         """The routine that multiplies `rows` rows."""

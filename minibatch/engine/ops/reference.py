@@ -55,8 +55,9 @@ class ReferenceOps:
     def __init__(self, backend):
         self.backend = backend
 
-    def product(self, weight) -> TorchProduct:
-        """The product by a weight (N, K), a tensor or quantised blocks, for every row count."""
+    def product(self, weight, alone: bool = False) -> TorchProduct:
+        """The product by a weight (N, K), a tensor or quantised blocks, for every row count (`alone`: multiplied
+        on its own, outside the layers, as the LM head is; one routine here for every product)."""
         return TorchProduct(weight)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
