@@ -74,7 +74,7 @@ def paths(args) -> None:
     names = ["torch"] + (["onednn"] if onednn_supports(head_weight) else []) + ["streamed", "table"]
     make = ROUTINES | {"table": Product}                                         # name -> weight -> routine
     layers = {p: [{k: make[p](w) for k, w in layer.items()} for layer in weights] for p in names}
-    heads = {p: make[p](head_weight) for p in names}
+    heads = {p: make[p](head_weight) for p in names} | {"table": Product(head_weight, alone=True)}  # as the engine
     print(f"{args.model}, {args.dtype}, {threads_line()}: median ms of {args.reps} interleaved rounds, one step's "
           f"products ({', '.join(args.products)} of {len(weights)} layers) + the LM head")
     print(f"{'rows':>5} " + " ".join(f"{p:>21}" for p in names) + f" {'max |diff|':>11}")
@@ -97,11 +97,12 @@ def formats(args) -> None:
     sd = loaded.state_dict
     weights = fused_weights(sd, loaded.config.num_hidden_layers, torch.float32)
     head_weight = sd["lm_head.weight"].float().contiguous()
-    make = {"float32": Product, "bfloat16": lambda w: Product(w.to(torch.bfloat16)),
-            "q8_0": lambda w: Product(quantize_q8_0(w)),
-            "q4_1": lambda w: Product(quantize_q4_1(w))}                          # each as the fast path stores it
+    make = {"float32": Product, "bfloat16": lambda w, alone=False: Product(w.to(torch.bfloat16), alone),
+            "q8_0": lambda w, alone=False: Product(quantize_q8_0(w), alone),
+            "q4_1": lambda w, alone=False: Product(quantize_q4_1(w), alone)}      # each as the fast path stores it
     dtypes = {f: torch.bfloat16 if f == "bfloat16" else torch.float32 for f in make}   # the rows each multiplies
-    steps = {f: ([{k: m(w) for k, w in layer.items()} for layer in weights], m(head_weight)) for f, m in make.items()}
+    steps = {f: ([{k: m(w) for k, w in layer.items()} for layer in weights], m(head_weight, alone=True))
+             for f, m in make.items()}                                            # the head as the engine builds it
     read = {f: sum(p.nbytes() for layer in layers for p in layer.values()) + head.nbytes()
             for f, (layers, head) in steps.items()}                               # bytes one step reads
     bandwidth = memory_bandwidth()
