@@ -74,7 +74,8 @@ def paths(args) -> None:
     names = ["torch"] + (["onednn"] if onednn_supports(head_weight) else []) + ["streamed", "table"]
     make = ROUTINES | {"table": Product}                                         # name -> weight -> routine
     layers = {p: [{k: make[p](w) for k, w in layer.items()} for layer in weights] for p in names}
-    heads = {p: make[p](head_weight) for p in names} | {"table": Product(head_weight, alone=True)}  # as the engine
+    heads = {p: Product(head_weight, alone=True) if p == "table" else make[p](head_weight)    # the table: as the
+             for p in names}                                                      # engine builds it
     print(f"{args.model}, {args.dtype}, {threads_line()}: median ms of {args.reps} interleaved rounds, one step's "
           f"products ({', '.join(args.products)} of {len(weights)} layers) + the LM head")
     print(f"{'rows':>5} " + " ".join(f"{p:>21}" for p in names) + f" {'max |diff|':>11}")
