@@ -5,6 +5,8 @@ import json
 import sys
 import time
 
+from types import SimpleNamespace
+
 import psutil
 import pytest
 
@@ -215,15 +217,16 @@ def test_bad_peer_settings_name_the_field():
 
 
 def test_openvino_is_asked_for_its_knobs_and_checked_by_the_rule_of_its_precision(tmp_path, monkeypatch):
-    """float32 with the f32 hint against transformers in float32; its default against bfloat16; a pipeline per
-    max batch size (SchedulerConfig.max_num_seqs), at the bench's thread count; no export: skipped, with the fix."""
+    """float32 with the f32 hint against transformers in float32; its default against bfloat16; one pipeline for
+    every max batch size (its runner bounds the batch), at the bench's thread count; no export: skipped, with the
+    fix."""
     monkeypatch.setenv("MINIBATCH_PEERS", str(tmp_path))
     fp32, default = OpenVino("float32"), OpenVino("default")
     assert (fp32.name, fp32.reference, default.name, default.reference) == \
         ("openvino-fp32", "float32", "openvino-default", "bfloat16")
     spec = fp32.spec(8, 160)
-    assert spec["precision"] == "f32" and spec["batch_size"] == 8 and default.spec(8, 160)["precision"] is None
-    assert fp32.spec(32, 160) != spec                                   # another batch size: another pipeline
+    assert spec["precision"] == "f32" and default.spec(8, 160)["precision"] is None
+    assert fp32.spec(32, 160) == spec and spec["threads"] >= 1         # another batch size: the same pipeline
     python = tmp_path / "openvino" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text("#!/bin/sh\n")
@@ -296,3 +299,39 @@ def test_runner_scripts_run_by_path_hold_nothing_a_peer_could_import_by_mistake(
     for name in names[1:]:                                           # they never import the course's package
         source = (RUNNERS / name).read_text()
         assert "import minibatch" not in source and "from minibatch" not in source
+
+
+class SplitFusePipeline:
+    """Stands in for OpenVINO GenAI's ContinuousBatchingPipeline with dynamic split-fuse on: every request it holds
+    is decoded at each step (one token each), whatever max_num_seqs says. Records the most it ever held."""
+
+    def __init__(self):
+        self.held, self.most = [], 0
+
+    def add_request(self, request_id, input_ids, config):
+        handle = SimpleNamespace(prompt=[int(t) for t in input_ids.data[0]], left=config.max_new_tokens, ids=[])
+        handle.get_status = lambda: "RUNNING" if handle.left else "FINISHED"
+        handle.read_all = lambda: [SimpleNamespace(generated_ids=list(handle.ids))]
+        self.held.append(handle)
+        return handle
+
+    def step(self):
+        self.most = max(self.most, len(self.held))
+        for handle in self.held:
+            handle.ids.append(handle.prompt[-1] + len(handle.ids) + 1)
+            handle.left -= 1
+        self.held = [h for h in self.held if h.left]
+
+
+def test_the_openvino_runner_holds_at_most_the_batch_size_though_split_fuse_would_batch_them_all(monkeypatch):
+    monkeypatch.syspath_prepend(str(RUNNERS))
+    import openvino_runner
+    ov = SimpleNamespace(Tensor=lambda array: SimpleNamespace(data=array))
+    genai = SimpleNamespace(GenerationStatus=SimpleNamespace(RUNNING="RUNNING"),
+                            GenerationConfig=lambda: SimpleNamespace())
+    prompts, lens = [[1, 2], [10], [20, 21, 22], [30], [40]], [3, 1, 4, 2, 2]
+    for batch_size in (1, 2, 8):
+        pipe = SplitFusePipeline()
+        outputs = openvino_runner.generate((pipe, ov, genai), prompts, lens, batch_size)
+        assert outputs == [[p[-1] + i for i in range(1, n + 1)] for p, n in zip(prompts, lens)]   # prompt order
+        assert pipe.most == min(batch_size, len(prompts))

@@ -2,7 +2,8 @@
 
 The engine a learner on an Intel CPU would install for this job: continuous batching over a paged KV cache,
 chunked prefill (dynamic split-fuse) and prefix caching, with knobs that map onto minibatch's one for one
-(`SchedulerConfig.max_num_seqs` is `max_batch_size`, `max_num_batched_tokens` is `max_tokens_per_step`,
+(`SchedulerConfig.max_num_seqs` is `max_batch_size`, though read only with `dynamic_split_fuse` off;
+`max_num_batched_tokens` is `max_tokens_per_step`,
 `num_kv_blocks` / `cache_size` the KV pool, `enable_prefix_caching` the same). `make peer-openvino` installs
 `openvino-genai` and `optimum-intel` into `.peers/openvino/` and exports the converted SmolLM2 folder to
 OpenVINO's format in float32 (`optimum-cli export openvino ... --weight-format fp32`).
@@ -14,7 +15,8 @@ OpenVINO's format in float32 (`optimum-cli export openvino ... --weight-format f
   (float32 elsewhere) and keys and values in u8, checked against transformers in bfloat16 by the near-tie rule:
   what its users run.
 
-A pipeline is built for each max batch size (SchedulerConfig.max_num_seqs), at the bench's thread count.
+One pipeline, at the bench's thread count, serves every max batch size: its runner admits at most that many
+requests at a time (with split-fuse on, OpenVINO's default, `max_num_seqs` would not bound the batch).
 """
 from __future__ import annotations
 
@@ -54,8 +56,11 @@ class OpenVino(ExternalSystem):
         return reason
 
     def spec(self, batch_size: int, max_len: int) -> dict:
-        return {"model": str(exported_model()), "precision": PRECISIONS[self.precision], "batch_size": batch_size,
-                "max_len": max_len, "threads": torch.get_num_threads()}
+        return {"model": str(exported_model()), "precision": PRECISIONS[self.precision], "max_len": max_len,
+                "threads": torch.get_num_threads()}
+
+    def release(self) -> None:
+        """Kept for the next batch size (the same pipeline serves it); close() ends it."""
 
     def weight_bytes(self, size) -> int:
         bf16 = self.precision == "default" and torch.ops.mkldnn._is_mkldnn_bf16_supported()

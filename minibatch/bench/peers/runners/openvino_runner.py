@@ -3,10 +3,16 @@
 The benchmark starts it as `.peers/openvino/bin/python openvino_runner.py` (see runner_protocol for the
 conversation). The spec names the exported OpenVINO model folder (`make peer-openvino` exports the converted
 checkpoint minibatch loads, in float32), the precision ("f32" for the arithmetic and the KV cache, or None for
-OpenVINO's defaults: bfloat16 arithmetic on a CPU with AMX or AVX512-BF16, a KV cache in u8), the threads,
-the batch size (SchedulerConfig.max_num_seqs, so a pipeline is built for each batch size) and the longest
-request; everything else is OpenVINO's default
-(paged KV cache, dynamic split-fuse chunked prefill, no prefix caching).
+OpenVINO's defaults: bfloat16 arithmetic on a CPU with AMX or AVX512-BF16, a KV cache in u8), the threads and
+the longest request; everything else is OpenVINO's default (paged KV cache, dynamic split-fuse chunked prefill,
+no prefix caching).
+
+The batch size is not a pipeline setting here: with dynamic split-fuse on (OpenVINO's default) its scheduler
+ignores `SchedulerConfig.max_num_seqs` (a "vLLM-like setting", read only with split-fuse off) and batches every
+request it holds, so `pipe.generate` of 32 prompts at max_num_seqs 1 decodes all 32 at once. A job therefore
+runs the pipeline's own loop (add requests, step until none is left) but admits at most its batch_size
+requests at a time, a new one as soon as one finishes, as the vLLM runner does: one pipeline serves every batch
+size, with OpenVINO's default scheduler.
 """
 from __future__ import annotations
 
@@ -17,7 +23,6 @@ def load(spec: dict):
     import openvino as ov
     import openvino_genai as genai
     scheduler = genai.SchedulerConfig()
-    scheduler.max_num_seqs = spec["batch_size"]
     scheduler.enable_prefix_caching = False
     properties = {"INFERENCE_NUM_THREADS": spec["threads"]}
     if spec.get("precision"):                 # the arithmetic, and the keys and values (the CPU's default: u8)
@@ -32,16 +37,24 @@ def load(spec: dict):
 def generate(state, prompts: list, output_lens: list, batch_size: int) -> list:
     pipe, ov, genai = state
     import numpy as np
-    inputs = [ov.Tensor(np.asarray([p], dtype=np.int64)) for p in prompts]       # (1, L) each
-    configs = []
-    for n in output_lens:
-        config = genai.GenerationConfig()
-        # ignore_eos alone: the end-of-sequence token is produced and generation goes on, as in the reference
-        # (min_new_tokens would forbid that token instead, and change the tokens wherever the model wants it)
-        config.max_new_tokens, config.ignore_eos, config.do_sample = n, True, False
-        configs.append(config)
-    results = pipe.generate(inputs, configs)
-    return [list(r.m_generation_ids[0]) for r in results]            # in prompt order
+    running_status = genai.GenerationStatus.RUNNING
+    outputs, running = [None] * len(prompts), {}                       # running: {prompt index: its handle}
+    waiting = list(range(len(prompts)))[::-1]                          # popped from the end: arrival order
+    while waiting or running:
+        while waiting and len(running) < batch_size:
+            i = waiting.pop()
+            config = genai.GenerationConfig()
+            # ignore_eos alone: the end-of-sequence token is produced and generation goes on, as in the
+            # reference (min_new_tokens would forbid that token instead, and change the tokens wherever the
+            # model wants it)
+            config.max_new_tokens, config.ignore_eos, config.do_sample = output_lens[i], True, False
+            running[i] = pipe.add_request(i, ov.Tensor(np.asarray([prompts[i]], dtype=np.int64)), config)  # (1, L)
+        pipe.step()
+        for i, handle in list(running.items()):
+            if handle.get_status() != running_status:
+                outputs[i] = list(handle.read_all()[0].generated_ids)
+                del running[i]
+    return outputs                                                      # in prompt order
 
 
 if __name__ == "__main__":
