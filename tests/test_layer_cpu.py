@@ -6,7 +6,7 @@ import pytest
 
 from minibatch import LLM, EngineConfig, SamplingParams
 from minibatch.engine.kernels import (bfloat16, codes16, fused_cpu, gemv_blocks_cpu, gemv_cpu, lanes, lanes16,
-                                     layer_cpu, numba_cpu, quantized_groups_numba, quantized_numba)
+                                     layer_cpu, numba_cpu, pairs_bf16, quantized_groups_numba, quantized_numba)
 from minibatch.engine.ops.crossover import STREAM_ROWS
 from minibatch.engine.kernels.stale_cache import digest, forget_stale
 
@@ -113,7 +113,8 @@ def test_a_changed_kernel_file_drops_the_cached_layer(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kernel, callees", [
-    (gemv_cpu._stream, (bfloat16, gemv_blocks_cpu, lanes, lanes16)),
+    (gemv_cpu._stream, (bfloat16, gemv_blocks_cpu, lanes, lanes16, pairs_bf16)),
+    (pairs_bf16._pairs_product, (bfloat16, gemv_blocks_cpu, lanes, lanes16)),
     (numba_cpu._paged_attention, (bfloat16, lanes)), (numba_cpu._write_kv, (bfloat16, lanes)),
     (fused_cpu._rms_norm, (bfloat16, lanes)), (fused_cpu._rotary_write_kv, (bfloat16, lanes)),
     (fused_cpu._silu_mul, (bfloat16, lanes)),

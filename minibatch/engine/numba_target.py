@@ -34,5 +34,7 @@ def prefer_wide_vectors() -> bool:
 
 
 WIDE_VECTORS = prefer_wide_vectors()
-# does the code Numba compiles have 512-bit registers (`kernels.lanes16`)? Its features, or else the host's
-AVX512 = "+avx512f" in (os.environ.get("NUMBA_CPU_FEATURES") or llvm.get_host_cpu_features().flatten()).split(",")
+# what the code Numba compiles has: its features, or else the host's
+_COMPILED = (os.environ.get("NUMBA_CPU_FEATURES") or llvm.get_host_cpu_features().flatten()).split(",")
+AVX512 = "+avx512f" in _COMPILED              # 512-bit registers (`kernels.lanes16`)?
+AVX512_BF16 = "+avx512bf16" in _COMPILED      # bfloat16 products pair by pair (`kernels.pairs_bf16`)?

@@ -44,7 +44,9 @@ In bfloat16 the same loop reads the weight's bits (`kernels.bfloat16`): each eig
 loaded at once and widened to floats in the register (a shift of each lane by 16 bits), x is widened
 once per call, the sums are float32 (the product of two bfloat16s is exact in float32) and each
 output is rounded to bfloat16 as it is stored, then again after the residual is added, as
-transformers rounds `residual + product`: half the bytes read for the same arithmetic.
+transformers rounds `residual + product`: half the bytes read for the same arithmetic. Past a few rows that
+arithmetic is the limit, so where the CPU multiplies bfloat16 pairs in one instruction (AVX512-BF16), four rows
+or more go to `kernels.pairs_bf16` instead, which does the same products in half the instructions.
 Compiled code is cached on disk (`cache=True`), and dropped when a file it compiles in changes (`kernels.stale_cache`).
 
 Measurements: docs/performance.md, sections "Streamed products" and "bfloat16".
@@ -55,12 +57,13 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from minibatch.engine.kernels import bfloat16, gemv_blocks_cpu, lanes, lanes16
+from minibatch.engine.kernels import bfloat16, gemv_blocks_cpu, lanes, lanes16, pairs_bf16
 from minibatch.engine.kernels.bfloat16 import as_float32, get, host_view, put
 from minibatch.engine.kernels.gemv_blocks_cpu import (BLOCK_ROWS, K_CHUNK, LINE, PREFETCH_AHEAD, _rest,
                                                      blocks_in_chunks, blocks_of, chunks_columns)
 from minibatch.engine.kernels.lanes import LANES, fma8, lane, load8, prefetch, sum8, sums8, zero8
 from minibatch.engine.kernels.lanes16 import WIDE
+from minibatch.engine.kernels.pairs_bf16 import pairs_product, takes_pairs
 from minibatch.engine.kernels.stale_cache import forget_stale
 
 STREAM_ROWS = 64       # up to this many rows this loop beats oneDNN's packed GEMM (see above)
@@ -165,6 +168,9 @@ def _row1_outputs4(weight, x, n, t, ahead, out):
 def _stream(x_stored, weight, residual, add_residual, out):
     """out (T, N) = x (T, K) . weight (N, K)^T, plus residual (T, N) if add_residual: each thread takes tasks of
     ROWS_PER_TASK weight rows and multiplies them into every row of x (blocks, eights, fours, then single rows)."""
+    if takes_pairs(x_stored, weight):                      # bfloat16, four rows or more: pair by pair (see above)
+        pairs_product(x_stored, weight, residual, add_residual, out)
+        return
     x = as_float32(x_stored)                               # x: (T, K), weight: (N, K), residual, out: (T, N)
     products = out                                         # (T, N), or (T + 1, N) when x gains a row below
     if x.shape[0] % 4 == 3 and x.shape[0] <= BLOCK_ROWS:   # three rows left over (see above)
@@ -219,7 +225,7 @@ def _stream(x_stored, weight, residual, add_residual, out):
             out[:, first:end] = products[:out.shape[0], first:end]
 
 
-forget_stale(_stream, (bfloat16, gemv_blocks_cpu, lanes, lanes16))    # the files it compiles into itself
+forget_stale(_stream, (bfloat16, gemv_blocks_cpu, lanes, lanes16, pairs_bf16))    # the files it compiles into itself
 
 
 def streamed_linear(x: torch.Tensor, weight: np.ndarray, residual: torch.Tensor | None = None) -> torch.Tensor:

@@ -27,7 +27,7 @@ from numba import njit
 from numba.extending import overload
 
 from minibatch.engine.kernels import (bfloat16, codes16, fused_cpu, gemv_blocks_cpu, gemv_cpu, lanes, lanes16,
-                                     numba_cpu, quantized_groups_numba, quantized_numba)
+                                     numba_cpu, pairs_bf16, quantized_groups_numba, quantized_numba)
 from minibatch.engine.kernels.bfloat16 import from_host, host_view
 from minibatch.engine.kernels.fused_cpu import _kept_view, _rms_norm, _rotary_write_kv, _silu_mul
 from minibatch.engine.kernels.gemv_cpu import _stream
@@ -95,8 +95,8 @@ def _layer(x, attn_norm, qkv_weight, o_weight, mlp_norm, gate_up_weight, down_we
 
 
 # the modules whose kernels `_layer` compiles into itself
-CALLEES = (bfloat16, codes16, fused_cpu, gemv_blocks_cpu, gemv_cpu, lanes, lanes16, numba_cpu, quantized_numba,
-           quantized_groups_numba)
+CALLEES = (bfloat16, codes16, fused_cpu, gemv_blocks_cpu, gemv_cpu, lanes, lanes16, numba_cpu, pairs_bf16,
+           quantized_numba, quantized_groups_numba)
 
 
 forget_stale(_layer, CALLEES)

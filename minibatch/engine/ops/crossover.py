@@ -13,8 +13,9 @@ kept in the model cache, keyed by the CPU, the thread count and the weight's kin
     float32, on its own          measured: the largest of CANDIDATES at which the loop is no slower than
     (the LM head)                oneDNN, on a matrix of the LM head's size (nothing compiled to keep)
     bfloat16                     measured: a CPU with bfloat16 tiles (Intel's AMX) multiplies so fast that
-                                 oneDNN wins from a few rows on, while elsewhere the loop wins up to 64; the
-                                 loop keeps the rows while it is no more than MARGIN times slower
+                                 oneDNN wins from a few rows on, while elsewhere the loop wins up to a few
+                                 dozen (with AVX512-BF16's pair-by-pair products, `kernels.pairs_bf16`, up
+                                 to 64); the loop keeps the rows while it is no more than MARGIN times slower
 
 Measurements: docs/performance.md, "Products and where each path wins".
 """
@@ -25,6 +26,8 @@ import platform
 import time
 
 import torch
+
+from minibatch.engine.kernels.pairs_bf16 import PAIRS
 
 STREAM_ROWS = 64                      # the most rows the streamed loop (and a compiled layer) ever takes
 CANDIDATES = (8, 16, 32, STREAM_ROWS)  # crossovers tried, each a row count the loop may stop at
@@ -40,7 +43,8 @@ def streamed_rows(dtype: torch.dtype, many: str, alone: bool = False) -> int:
     if many != "onednn" or dtype not in (torch.float32, torch.bfloat16):
         return STREAM_ROWS
     if dtype == torch.bfloat16:
-        return _measured("bfloat16", lambda: measure_crossover(torch.bfloat16, LAYER_SHAPE, MARGIN))
+        kind = "bfloat16 pairs" if PAIRS else "bfloat16"       # (the loop that multiplies pair by pair is another)
+        return _measured(kind, lambda: measure_crossover(torch.bfloat16, LAYER_SHAPE, MARGIN))
     if alone:
         return _measured("float32 alone", lambda: measure_crossover(torch.float32, HEAD_SHAPE, 1.0))
     return STREAM_ROWS
