@@ -39,7 +39,7 @@ from minibatch.workloads.distributions import AllAtOnce, Poisson
 
 LOAD_SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.925, 0.95, 0.975,
                1.0, 1.05, 1.1, 1.15, 1.2)   # offered load / capacity: denser where the curve bends
-LITTLE_TOLERANCE = 0.05   # gap allowed in a steady state: 4x the edge (1 + L/2) / n of 400 requests at 0.8x
+LITTLE_TOLERANCE = 0.05   # gap allowed in a steady state: 4x the edge (1 + L/2) / n of 400 requests at 0.7x
 
 
 def time_average(starts, ends, window_start: float, window_end: float) -> float:
