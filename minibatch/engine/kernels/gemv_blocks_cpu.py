@@ -51,10 +51,10 @@ CHUNKED_ROWS = 16 if WIDE else 32   # the blocks chunk up to this many rows (mor
 @njit(inline="always")
 def _rest(weight, x, n, t, start):
     """x[t, start:] . weight[n, start:]: the last columns past the whole vectors, one by one (none when the
-    vectors cover K)."""
+    vectors cover K); x float32, or bfloat16 bits (`kernels.pairs_bf16`)."""
     total = np.float32(0.0)
     for k in range(start, weight.shape[1]):
-        total += x[t, k] * get(weight, (n, k))
+        total += get(x, (t, k)) * get(weight, (n, k))
     return total
 
 

@@ -24,7 +24,6 @@ loop reads as fast. Measurements: docs/performance.md, section "bfloat16".
 """
 from __future__ import annotations
 
-import numpy as np
 from llvmlite import ir
 from llvmlite.ir.types import _BaseFloatType
 from numba import njit, prange, types
@@ -33,7 +32,7 @@ from numba.extending import intrinsic, overload
 
 from minibatch.engine.kernels import bfloat16, gemv_blocks_cpu, lanes, lanes16
 from minibatch.engine.kernels.bfloat16 import get, put
-from minibatch.engine.kernels.gemv_blocks_cpu import PREFETCH_AHEAD, _ask, spread
+from minibatch.engine.kernels.gemv_blocks_cpu import PREFETCH_AHEAD, _ask, _rest, spread
 from minibatch.engine.kernels.lanes import lane, prefetch, round_to_bfloat16, sums8
 from minibatch.engine.kernels.lanes16 import float32x16, fold16, zero16
 from minibatch.engine.kernels.stale_cache import forget_stale
@@ -105,15 +104,6 @@ def _store_two_rows(typingctx, out, t, n, v):
             builder.store(four, builder.bitcast(address, ir.VectorType(rounded.type.element, 4).as_pointer()), align=2)
         return context.get_dummy_value()
     return types.void(out, t, n, v), codegen
-
-
-@njit(inline="always")
-def _rest(weight, x, n, t, start):
-    """x[t, start:] . weight[n, start:]: the columns past the whole 32s, one by one (none when they cover K)."""
-    total = np.float32(0.0)
-    for k in range(start, weight.shape[1]):
-        total += get(x, (t, k)) * get(weight, (n, k))
-    return total
 
 
 @njit(inline="always")
