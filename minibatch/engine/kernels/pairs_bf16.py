@@ -33,7 +33,7 @@ from numba.extending import intrinsic, overload
 from minibatch.engine.kernels import bfloat16, gemv_blocks_cpu, lanes, lanes16
 from minibatch.engine.kernels.bfloat16 import get, put
 from minibatch.engine.kernels.gemv_blocks_cpu import PREFETCH_AHEAD, _ask, _rest, spread
-from minibatch.engine.kernels.lanes import lane, prefetch, round_to_bfloat16, sums8
+from minibatch.engine.kernels.lanes import lane, prefetch, round_to_bfloat16, sums8, zero8
 from minibatch.engine.kernels.lanes16 import float32x16, fold16, zero16
 from minibatch.engine.kernels.stale_cache import forget_stale
 from minibatch.engine.numba_target import AVX512_BF16
@@ -62,11 +62,11 @@ def _bits(array) -> bool:
     return isinstance(array, types.Array) and array.dtype == types.uint16 and array.ndim == 2
 
 
-def _address(context, builder, array_type, array, row, row_type, col, col_type):
-    """The address of array[row, col], as a pointer to 32 bfloat16s."""
+def _address(context, builder, array_type, array, row, row_type, col, col_type, vector):
+    """The address of array[row, col], as a pointer to an LLVM `vector` of its elements."""
     struct = context.make_array(array_type)(context, builder, array)
     index = [context.cast(builder, row, row_type, types.intp), context.cast(builder, col, col_type, types.intp)]
-    return builder.bitcast(cgutils.get_item_pointer(context, builder, array_type, struct, index), _PAIRS.as_pointer())
+    return builder.bitcast(cgutils.get_item_pointer(context, builder, array_type, struct, index), vector.as_pointer())
 
 
 @intrinsic
@@ -76,8 +76,8 @@ def pairs(typingctx, acc, a, i, j, b, k, l):
         return None
 
     def codegen(context, builder, sig, args):
-        first = _address(context, builder, sig.args[1], args[1], args[2], sig.args[2], args[3], sig.args[3])
-        second = _address(context, builder, sig.args[4], args[4], args[5], sig.args[5], args[6], sig.args[6])
+        first = _address(context, builder, sig.args[1], args[1], args[2], sig.args[2], args[3], sig.args[3], _PAIRS)
+        second = _address(context, builder, sig.args[4], args[4], args[5], sig.args[5], args[6], sig.args[6], _PAIRS)
         instruction = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_SUMS, [_SUMS, _PAIRS, _PAIRS]), "llvm.x86.avx512bf16.dpbf16ps.512")
         return builder.call(instruction, [args[0], builder.load(first, align=2), builder.load(second, align=2)])
@@ -92,16 +92,15 @@ def _store_two_rows(typingctx, out, t, n, v):
         return None
 
     def codegen(context, builder, sig, args):
-        array_type, array, row, col = sig.args[0], args[0], args[1], args[2]
+        row = args[1]
         rounded = round_to_bfloat16(builder, args[3])                    # <8 x i16>
+        four_bits = ir.VectorType(rounded.type.element, 4)
         for half, next_row in ((0, row), (1, builder.add(row, ir.Constant(row.type, 1)))):
             four = builder.shuffle_vector(rounded, rounded, ir.Constant(ir.VectorType(ir.IntType(32), 4),
                                                                         [4 * half + i for i in range(4)]))
-            struct = context.make_array(array_type)(context, builder, array)
-            index = [context.cast(builder, next_row, sig.args[1], types.intp),
-                     context.cast(builder, col, sig.args[2], types.intp)]
-            address = cgutils.get_item_pointer(context, builder, array_type, struct, index)
-            builder.store(four, builder.bitcast(address, ir.VectorType(rounded.type.element, 4).as_pointer()), align=2)
+            address = _address(context, builder, sig.args[0], args[0], next_row, sig.args[1], args[2], sig.args[2],
+                               four_bits)
+            builder.store(four, address, align=2)
         return context.get_dummy_value()
     return types.void(out, t, n, v), codegen
 
@@ -146,8 +145,7 @@ def _block_of_one(weight, x, n, t, ahead, last, out):
         prefetch(weight, ahead, k)
         s0, s1 = pairs(s0, x, t, k, weight, n, k), pairs(s1, x, t + 1, k, weight, n, k)
         s2, s3 = pairs(s2, x, t + 2, k, weight, n, k), pairs(s3, x, t + 3, k, weight, n, k)
-    sums = sums8(fold16(s0), fold16(s1), fold16(s2), fold16(s3), fold16(zero16()), fold16(zero16()),
-                 fold16(zero16()), fold16(zero16()))
+    sums = sums8(fold16(s0), fold16(s1), fold16(s2), fold16(s3), zero8(), zero8(), zero8(), zero8())
     for i in range(4):
         put(out, (t + i, n), lane(sums, i) + _rest(weight, x, n, t + i, last))
 
