@@ -114,7 +114,9 @@ def test_a_changed_kernel_file_drops_the_cached_layer(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("kernel, callees", [
     (gemv_cpu._stream, (bfloat16, gemv_blocks_cpu, lanes, lanes16, pairs_bf16)),
+    (gemv_cpu._task, (bfloat16, gemv_blocks_cpu, lanes, lanes16)),
     (pairs_bf16._pairs_product, (bfloat16, gemv_blocks_cpu, lanes, lanes16)),
+    (pairs_bf16._task, (bfloat16, gemv_blocks_cpu, lanes, lanes16)),
     (numba_cpu._paged_attention, (bfloat16, lanes)), (numba_cpu._write_kv, (bfloat16, lanes)),
     (fused_cpu._rms_norm, (bfloat16, lanes)), (fused_cpu._rotary_write_kv, (bfloat16, lanes)),
     (fused_cpu._silu_mul, (bfloat16, lanes)),

@@ -38,7 +38,10 @@ from minibatch.sim.fit import decode_table, fit_banded, fit_errors, prefill_tabl
 # except that three rows are padded to four, which are blocks when BLOCK_ROWS is 3; blocks of four rows take
 # columns in chunks up to CHUNKED_ROWS rows; oneDNN's GEMM runs above STREAM_ROWS
 STREAMED_ROWS = BLOCK_ROWS - 1 if BLOCK_ROWS % 4 == 3 else BLOCK_ROWS
-ROW_BANDS = tuple(sorted({STREAMED_ROWS, CHUNKED_ROWS, STREAM_ROWS}))
+# and one more band where no path switches: up to about eight rows the blocks' multiply-adds hide under the
+# reading of the weights (a step costs little more than one of a single row), past them they add to it
+MEMORY_BOUND_ROWS = 8
+ROW_BANDS = tuple(sorted({STREAMED_ROWS, MEMORY_BOUND_ROWS, CHUNKED_ROWS, STREAM_ROWS}))
 BLOCK = 4   # rows in a block of the blocks path: its cost steps every four rows (three cost four)
 ROW_GROUPS = tuple(BLOCK if STREAMED_ROWS <= low and high <= STREAM_ROWS else 1
                    for low, high in zip((0, *ROW_BANDS), (*ROW_BANDS, float("inf"))))

@@ -19,8 +19,9 @@ streams from memory are in flight at once rather than one. Three rows left over 
 below blocks) would go that way three times, so x gets its last row again and they go as four, the
 copy's products dropped. At the end the sums are reduced together (`sums8`), and the last K % 8
 columns, if any, one by one. Threads split the output rows in tasks of ROWS_PER_TASK (`prange`), so
-each thread streams its own part of the weight and no two threads write the same output. Results
-equal `F.linear`'s up to the order of the additions.
+each thread streams its own part of the weight and no two threads write the same output; a task is a
+compiled function of its own (`_task`), so the code the disk cache keeps for it is the code compiled for
+it (`_task` says why). Results equal `F.linear`'s up to the order of the additions.
 
 With several rows the loop computes as well as reads, and while it computes, the memory must
 already be fetching the weights it reads next, or the two add up instead of overlapping. The
@@ -164,10 +165,61 @@ def _row1_outputs4(weight, x, n, t, ahead, out):
         put(out, (t, n + i), lane(sums, i) + _rest(weight, x, n + i, t, last))
 
 
+@njit(nogil=True, cache=True)
+def _task(x, weight, residual, add_residual, products, out, first, end):
+    """out[:, first:end] = x (T, K) . weight[first:end]^T, plus residual[:, first:end] if add_residual: one thread's
+    task, multiplied into every row of x (blocks, eights, fours, then single rows) into products (out, or out with
+    rows padded below). A function compiled and cached on its own, not inlined into `_stream`'s parallel loop:
+    Numba caches a parallel function with its loop optimised again inside it, and that copy, loaded from the
+    disk cache, ran up to a third slower than the loop compiled alone (docs/performance.md, "Fresh compiles
+    against the disk cache")."""
+    rows, num_outputs = x.shape[0], weight.shape[0]
+    whole_fours = rows - rows % 4                      # rows taken eight or four at a time
+    done = 0                                           # rows already multiplied
+    if rows > BLOCK_ROWS:                              # many rows: blocks of four rows by six or four weight rows;
+        overlap = rows % 4 >= 2                        # two or three rows left: in a block overlapping the
+        done = rows if overlap else whole_fours        # one before (the same sums written twice), cheaper
+        n = first                                      # than streaming the weight again for each
+        if chunks_columns(weight, rows):               # long weight rows: their columns a chunk at a time
+            n = blocks_in_chunks(weight, x, first, end, overlap, products)
+        if WIDE:                                       # six weight rows a block where registers allow
+            n = blocks_of(weight, x, n, end, 6, overlap, products)
+        n = blocks_of(weight, x, n, end, 4, overlap, products)
+        for n in range(n, end):                        # the task's last weight rows, if fewer than four
+            for t in range(0, whole_fours, 4):
+                _rows4(weight, x, n, t, min(n + PREFETCH_AHEAD, num_outputs - 1), products)
+            if overlap:
+                _rows4(weight, x, n, rows - 4, min(n + PREFETCH_AHEAD, num_outputs - 1), products)
+    while weight.shape[1] > K_CHUNK and done + 8 <= whole_fours:  # long rows: eight at a time, in chunks
+        _rows8_in_chunks(weight, x, first, end, done, products)
+        done += 8
+    for n in range(first, end if done < whole_fours else first):  # weight row by weight row
+        ahead = min(n + PREFETCH_AHEAD, num_outputs - 1)
+        t = done
+        while t + 8 <= whole_fours:
+            _rows8(weight, x, n, t, ahead, products)
+            t += 8
+        if t < whole_fours:
+            _rows4(weight, x, n, t, ahead, products)
+    for t in range(max(done, whole_fours), rows):      # the last rows % 4 rows, four weight rows at a time
+        n = first
+        while n + 4 <= end:
+            _row1_outputs4(weight, x, n, t, min(n + 4 * PREFETCH_AHEAD, num_outputs - 4), products)
+            n += 4
+        for n in range(n, end):
+            _row1(weight, x, n, t, min(n + PREFETCH_AHEAD, num_outputs - 1), products)
+    if add_residual:
+        for n in range(first, end):
+            for t in range(out.shape[0]):              # the product rounded, then its sum with the residual
+                put(out, (t, n), get(products, (t, n)) + get(residual, (t, n)))
+    elif rows > out.shape[0]:
+        out[:, first:end] = products[:out.shape[0], first:end]
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _stream(x_stored, weight, residual, add_residual, out):
     """out (T, N) = x (T, K) . weight (N, K)^T, plus residual (T, N) if add_residual: each thread takes tasks of
-    ROWS_PER_TASK weight rows and multiplies them into every row of x (blocks, eights, fours, then single rows)."""
+    ROWS_PER_TASK weight rows (`_task`)."""
     if takes_pairs(x_stored, weight):                      # bfloat16, four rows or more: pair by pair (see above)
         pairs_product(x_stored, weight, residual, add_residual, out)
         return
@@ -179,53 +231,14 @@ def _stream(x_stored, weight, residual, add_residual, out):
         padded[-1] = x[-1]                                 # dropped
         x = padded
         products = np.empty((x.shape[0], out.shape[1]), out.dtype)
-    rows = x.shape[0]
     num_outputs = weight.shape[0]
-    whole_fours = rows - rows % 4                          # rows taken eight or four at a time
     for task in prange((num_outputs + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        first, end = task * ROWS_PER_TASK, min(num_outputs, (task + 1) * ROWS_PER_TASK)
-        done = 0                                           # rows already multiplied
-        if rows > BLOCK_ROWS:                              # many rows: blocks of four rows by six or four weight rows;
-            overlap = rows % 4 >= 2                        # two or three rows left: in a block overlapping the
-            done = rows if overlap else whole_fours        # one before (the same sums written twice), cheaper
-            n = first                                      # than streaming the weight again for each
-            if chunks_columns(weight, rows):               # long weight rows: their columns a chunk at a time
-                n = blocks_in_chunks(weight, x, first, end, overlap, products)
-            if WIDE:                                       # six weight rows a block where registers allow
-                n = blocks_of(weight, x, n, end, 6, overlap, products)
-            n = blocks_of(weight, x, n, end, 4, overlap, products)
-            for n in range(n, end):                        # the task's last weight rows, if fewer than four
-                for t in range(0, whole_fours, 4):
-                    _rows4(weight, x, n, t, min(n + PREFETCH_AHEAD, num_outputs - 1), products)
-                if overlap:
-                    _rows4(weight, x, n, rows - 4, min(n + PREFETCH_AHEAD, num_outputs - 1), products)
-        while weight.shape[1] > K_CHUNK and done + 8 <= whole_fours:   # long rows: eight at a time, in chunks
-            _rows8_in_chunks(weight, x, first, end, done, products)
-            done += 8
-        for n in range(first, end if done < whole_fours else first):   # weight row by weight row
-            ahead = min(n + PREFETCH_AHEAD, num_outputs - 1)
-            t = done
-            while t + 8 <= whole_fours:
-                _rows8(weight, x, n, t, ahead, products)
-                t += 8
-            if t < whole_fours:
-                _rows4(weight, x, n, t, ahead, products)
-        for t in range(max(done, whole_fours), rows):      # the last rows % 4 rows, four weight rows at a time
-            n = first
-            while n + 4 <= end:
-                _row1_outputs4(weight, x, n, t, min(n + 4 * PREFETCH_AHEAD, num_outputs - 4), products)
-                n += 4
-            for n in range(n, end):
-                _row1(weight, x, n, t, min(n + PREFETCH_AHEAD, num_outputs - 1), products)
-        if add_residual:
-            for n in range(first, end):
-                for t in range(out.shape[0]):              # the product rounded, then its sum with the residual
-                    put(out, (t, n), get(products, (t, n)) + get(residual, (t, n)))
-        elif rows > out.shape[0]:
-            out[:, first:end] = products[:out.shape[0], first:end]
+        _task(x, weight, residual, add_residual, products, out, task * ROWS_PER_TASK,
+              min(num_outputs, (task + 1) * ROWS_PER_TASK))
 
 
-forget_stale(_stream, (bfloat16, gemv_blocks_cpu, lanes, lanes16, pairs_bf16))    # the files it compiles into itself
+forget_stale(_task, (bfloat16, gemv_blocks_cpu, lanes, lanes16))                    # the files each compiles in
+forget_stale(_stream, (bfloat16, gemv_blocks_cpu, lanes, lanes16, pairs_bf16))
 
 
 def streamed_linear(x: torch.Tensor, weight: np.ndarray, residual: torch.Tensor | None = None) -> torch.Tensor:

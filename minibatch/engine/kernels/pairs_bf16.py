@@ -150,11 +150,12 @@ def _block_of_one(weight, x, n, t, ahead, last, out):
         put(out, (t + i, n), lane(sums, i) + _rest(weight, x, n, t + i, last))
 
 
-@njit(inline="always")
-def _task(x, weight, first, end, out):
-    """out[:, first:end] = x . weight[first:end]^T, every row of x (at least four), rounded to out's precision; while
-    each four weight rows are multiplied, the four PREFETCH_AHEAD fours further on are asked for, each block of
-    rows its share (`gemv_blocks_cpu.spread`)."""
+@njit(nogil=True, cache=True)
+def _task(x, weight, residual, add_residual, first, end, out):
+    """out[:, first:end] = x . weight[first:end]^T, every row of x (at least four), rounded to out's precision, then
+    its sum with residual[:, first:end] if add_residual; while each four weight rows are multiplied, the four
+    PREFETCH_AHEAD fours further on are asked for, each block of rows its share (`gemv_blocks_cpu.spread`).
+    Compiled and cached on its own, not inlined into the parallel loop, as `gemv_cpu._task` says why."""
     rows, num_outputs = x.shape[0], weight.shape[0]
     last = weight.shape[1] - weight.shape[1] % PAIR_LANES
     blocks = (rows + 3) // 4
@@ -170,6 +171,10 @@ def _task(x, weight, first, end, out):
         for block in range(blocks):
             _block_of_one(weight, x, n, min(4 * block, rows - 4), min(n + PREFETCH_AHEAD, num_outputs - 1), last,
                           out)
+    if add_residual:
+        for n in range(first, end):
+            for t in range(out.shape[0]):
+                put(out, (t, n), get(out, (t, n)) + get(residual, (t, n)))
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -178,12 +183,7 @@ def _pairs_product(x, weight, residual, add_residual, out):
     thread takes tasks of TASK_ROWS weight rows; the product is rounded, then its sum with the residual."""
     num_outputs = weight.shape[0]
     for task in prange((num_outputs + TASK_ROWS - 1) // TASK_ROWS):
-        first, end = task * TASK_ROWS, min(num_outputs, (task + 1) * TASK_ROWS)
-        _task(x, weight, first, end, out)
-        if add_residual:
-            for n in range(first, end):
-                for t in range(out.shape[0]):
-                    put(out, (t, n), get(out, (t, n)) + get(residual, (t, n)))
+        _task(x, weight, residual, add_residual, task * TASK_ROWS, min(num_outputs, (task + 1) * TASK_ROWS), out)
 
 
 def takes_pairs(x, weight):
@@ -209,4 +209,5 @@ def _pairs_product_for(x, weight, residual, add_residual, out):
     return lambda x, weight, residual, add_residual, out: None          # float32: never asked (takes_pairs)
 
 
-forget_stale(_pairs_product, (bfloat16, gemv_blocks_cpu, lanes, lanes16))      # the files it compiles in
+forget_stale(_task, (bfloat16, gemv_blocks_cpu, lanes, lanes16))              # the files each compiles in
+forget_stale(_pairs_product, (bfloat16, gemv_blocks_cpu, lanes, lanes16))
