@@ -171,8 +171,8 @@ def _task(x, weight, residual, add_residual, products, out, first, end):
     task, multiplied into every row of x (blocks, eights, fours, then single rows) into products (out, or out with
     rows padded below). A function compiled and cached on its own, not inlined into `_stream`'s parallel loop:
     Numba caches a parallel function with its loop optimised again inside it, and that copy, loaded from the
-    disk cache, ran up to a third slower than the loop compiled alone (docs/performance.md, "Fresh compiles
-    against the disk cache")."""
+    disk cache, ran up to a third slower than the loop compiled alone (docs/performance.md, section "Blocks
+    of rows", its part on fresh compiles against the disk cache)."""
     rows, num_outputs = x.shape[0], weight.shape[0]
     whole_fours = rows - rows % 4                      # rows taken eight or four at a time
     done = 0                                           # rows already multiplied
