@@ -15,8 +15,8 @@ products switch paths at a few row counts (`engine.kernels.gemv_cpu`: a few rows
 blocks of four rows above `BLOCK_ROWS`, columns in chunks up to `CHUNKED_ROWS`, oneDNN's GEMM above
 `STREAM_ROWS`), and each path has its own cost per row and its own start; one more band ends where the
 blocks' arithmetic stops hiding under the reading of the weights (about eight rows, `tools.calibrate`).
-One straight line through all of them misses the steps of a few rows by a third. The bands a profile was fitted with are
-stored in it, so the model reads the same on a machine whose engine switches elsewhere.
+One straight line through all of them misses the steps of a few rows by a third. The bands a profile
+was fitted with are stored in it, so the model reads the same on a machine whose engine switches elsewhere.
 
 `minibatch.sim.fit` fits it (least squares on relative error, every term >= 0).
 """
