@@ -9,6 +9,8 @@
         the Numba paged attention against the torch reference, prefill and decode
     python -m minibatch.bench.experiments.threads
         a server that follows the free cores against one with fixed threads, a core taken after it started
+    python -m minibatch.bench.experiments.instructions
+        one core's multiply-adds per second by float32 vectors, AVX512-BF16's pairs and AMX's tiles
 
 Each runs its arms interleaved (A B A B ...), so the machine's noise hits all of them alike, prints the
 medians and the largest difference between the arms' outputs, and asserts nothing about time: the

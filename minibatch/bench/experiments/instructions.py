@@ -1,0 +1,278 @@
+"""How fast does one core multiply bfloat16, by each instruction it has? Float32 multiply-adds, AVX512-BF16's pairs,
+AMX's tiles, each on numbers already in the cache.
+
+Feeds docs/performance.md, section "bfloat16". A decode step of a few dozen rows stops being bound by the
+memory when the arithmetic of its products runs slower than the weights arrive, and which instruction does
+that arithmetic decides where. Three loops, each on one thread with its operands in the L1 cache and
+enough independent sums that no result waits for the one before, print the multiply-adds each makes per
+second (a multiply-add is two floating-point operations):
+
+    float32    `vfmadd` on sixteen float32 lanes (`kernels.lanes16`), what the widening loop runs on
+    pairs      `vdpbf16ps` (AVX512-BF16, `kernels.pairs_bf16`): 32 bfloat16 products into sixteen sums
+    tiles      `tdpbf16ps` (AMX): a tile of 16 rows of 32 bfloat16s by a tile of 32 by 16, into a 16 x 16 tile
+               of float32 sums, 8,192 multiply-adds an instruction; four sums tiles, two of each operand loaded
+               for every four products (the shape of a step of 32 rows)
+
+The engine's own kernels do not use the tiles (oneDNN does, `ops.products`); this loop drives them from
+Numba through LLVM's AMX intrinsics, checks one tile product against numpy, and times it: the figure a tile
+kernel inside the compiled layer could reach. A CPU without a loop's instructions prints why it skipped it.
+
+    python -m minibatch.bench.experiments.instructions [--seconds 0.5]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import time
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from minibatch.engine.kernels.lanes import lane
+from minibatch.engine.kernels.lanes16 import fma16, fold16, load16, zero16
+from minibatch.engine.kernels.pairs_bf16 import PAIRS, pairs
+from minibatch.engine.numba_target import AVX512
+
+TILE_ROWS, TILE_BYTES = 16, 64          # a tile: at most 16 rows of 64 bytes (32 bfloat16s or 16 float32s)
+ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA, SYS_ARCH_PRCTL = 0x1023, 18, 158   # Linux: ask to use the tiles
+_BYTE, _INT64 = ir.IntType(8), ir.IntType(64)
+_ADDRESS = _BYTE.as_pointer()
+
+
+def tiles_available() -> bool:
+    """Whether the compiled code has AMX's bfloat16 tiles and Linux lets this process use them."""
+    from llvmlite import binding
+    features = binding.get_host_cpu_features()
+    if not (features.get("amx-tile", False) and features.get("amx-bf16", False)):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
+
+
+def _call(builder, name, argument_types, arguments):
+    function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), argument_types), name)
+    builder.call(function, arguments)
+
+
+def _address(context, builder, array_type, array, offset=None, offset_type=None):
+    """The address of a contiguous array's first byte, or of its byte `offset`."""
+    data = builder.bitcast(context.make_array(array_type)(context, builder, array).data, _ADDRESS)
+    if offset is None:
+        return data
+    return builder.gep(data, [context.cast(builder, offset, offset_type, types.int64)])
+
+
+@intrinsic
+def configure(typingctx, config):
+    """Load the tile configuration (64 bytes: palette 1, each tile's bytes per row and rows) for this thread."""
+    def codegen(context, builder, sig, args):
+        _call(builder, "llvm.x86.ldtilecfg", [_ADDRESS], [_address(context, builder, sig.args[0], args[0])])
+        return context.get_dummy_value()
+    return types.void(config), codegen
+
+
+@intrinsic
+def release(typingctx):
+    """Give the tiles back (the thread's tile state returns to its initial, cheap to save, form)."""
+    def codegen(context, builder, sig, args):
+        _call(builder, "llvm.x86.tilerelease", [], [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+def tile_ops(tile: int):
+    """Zero, load and store of tile number `tile` (its number is part of the instruction, so one set per tile)."""
+    @intrinsic
+    def zero(typingctx):
+        def codegen(context, builder, sig, args):
+            _call(builder, "llvm.x86.tilezero", [_BYTE], [ir.Constant(_BYTE, tile)])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    def moving(name):
+        @intrinsic
+        def move(typingctx, array, offset, stride):
+            """Tile rows to or from array's bytes offset, offset + stride, ..."""
+            def codegen(context, builder, sig, args):
+                address = _address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+                _call(builder, name, [_BYTE, _ADDRESS, _INT64],
+                      [ir.Constant(_BYTE, tile), address, context.cast(builder, args[2], sig.args[2], types.int64)])
+                return context.get_dummy_value()
+            return types.void(array, offset, stride), codegen
+        return move
+    return zero, moving("llvm.x86.tileloadd64"), moving("llvm.x86.tilestored64")
+
+
+def tile_product(sums: int, rows: int, columns: int):
+    """tile `sums` (float32) += tile `rows` (bfloat16) times tile `columns` (bfloat16 in pairs): one tdpbf16ps."""
+    @intrinsic
+    def product(typingctx):
+        def codegen(context, builder, sig, args):
+            _call(builder, "llvm.x86.tdpbf16ps", [_BYTE] * 3, [ir.Constant(_BYTE, t) for t in (sums, rows, columns)])
+            return context.get_dummy_value()
+        return types.void(), codegen
+    return product
+
+
+(zero0, _, store0), (zero1, _, store1), (zero2, _, store2), (zero3, _, store3) = (tile_ops(t) for t in range(4))
+(_, load4, _), (_, load5, _), (_, load6, _), (_, load7, _) = (tile_ops(t) for t in range(4, 8))
+product0, product1, product2, product3 = (tile_product(s, r, c) for s, r, c in ((0, 4, 6), (1, 4, 7), (2, 5, 6),
+                                                                                 (3, 5, 7)))   # sums += rows . columns
+
+
+def tile_config() -> np.ndarray:
+    """Eight tiles of 16 rows of 64 bytes: sums 0-3, rows of x 4-5, weight columns in pairs 6-7."""
+    config = np.zeros(64, np.uint8)
+    config[0] = 1                                                       # palette 1
+    config[16:32].view(np.uint16)[:] = TILE_BYTES                       # bytes per row of tiles 0..7
+    config[48:56] = TILE_ROWS                                           # rows of tiles 0..7
+    return config
+
+
+@njit(nogil=True)
+def _tiles(config, x, weight, sums, steps, repeats):
+    """sums (4 tiles) = x (2 tiles of rows) . weight (2 tiles of columns), over `steps` 32-column steps, `repeats`
+    times; x: (32, 32 steps) bfloat16 bits as bytes, weight: (steps, 2, 16, 32) pairs as bytes."""
+    configure(config)
+    x_stride = steps * TILE_BYTES
+    for _ in range(repeats):
+        zero0()
+        zero1()
+        zero2()
+        zero3()
+        for k in range(steps):
+            load4(x, k * TILE_BYTES, x_stride)                          # rows 0-15, columns 32 k .. 32 k + 31
+            load5(x, TILE_ROWS * x_stride + k * TILE_BYTES, x_stride)   # rows 16-31
+            load6(weight, (2 * k) * TILE_ROWS * TILE_BYTES, TILE_BYTES)         # weight rows 0-15, in pairs
+            load7(weight, (2 * k + 1) * TILE_ROWS * TILE_BYTES, TILE_BYTES)     # weight rows 16-31
+            product0()
+            product1()
+            product2()
+            product3()
+    store0(sums, 0, TILE_BYTES)
+    store1(sums, TILE_ROWS * TILE_BYTES, TILE_BYTES)
+    store2(sums, 2 * TILE_ROWS * TILE_BYTES, TILE_BYTES)
+    store3(sums, 3 * TILE_ROWS * TILE_BYTES, TILE_BYTES)
+    release()
+
+
+@njit(nogil=True)
+def _pairs(x, w, repeats):
+    """Twelve independent sums of vdpbf16ps over two 32-column steps of four rows of x by three weight rows w."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = s8 = s9 = s10 = s11 = zero16()
+    for _ in range(repeats):
+        for k in range(0, 64, 32):
+            s0, s1, s2 = pairs(s0, x, 0, k, w, 0, k), pairs(s1, x, 0, k, w, 1, k), pairs(s2, x, 0, k, w, 2, k)
+            s3, s4, s5 = pairs(s3, x, 1, k, w, 0, k), pairs(s4, x, 1, k, w, 1, k), pairs(s5, x, 1, k, w, 2, k)
+            s6, s7, s8 = pairs(s6, x, 2, k, w, 0, k), pairs(s7, x, 2, k, w, 1, k), pairs(s8, x, 2, k, w, 2, k)
+            s9, s10, s11 = pairs(s9, x, 3, k, w, 0, k), pairs(s10, x, 3, k, w, 1, k), pairs(s11, x, 3, k, w, 2, k)
+    total = (fold16(s0) + fold16(s1) + fold16(s2) + fold16(s3) + fold16(s4) + fold16(s5) + fold16(s6) + fold16(s7)
+             + fold16(s8) + fold16(s9) + fold16(s10) + fold16(s11))              # (8,) every sum, so none is dropped
+    return lane(total, 0)
+
+
+@njit(nogil=True)
+def _float32(x, repeats):
+    """Twelve independent sums of sixteen-lane multiply-adds over rows of x."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = s8 = s9 = s10 = s11 = zero16()
+    for _ in range(repeats):
+        for c in range(0, 32, 16):
+            a, b, d = load16(x, 0, c), load16(x, 1, c), load16(x, 2, c)
+            s0, s1, s2, s3 = fma16(a, b, s0), fma16(a, d, s1), fma16(b, d, s2), fma16(a, a, s3)
+            s4, s5, s6, s7 = fma16(b, b, s4), fma16(d, d, s5), fma16(b, a, s6), fma16(d, a, s7)
+            s8, s9, s10, s11 = fma16(d, b, s8), fma16(a, b, s9), fma16(a, d, s10), fma16(b, d, s11)
+    total = (fold16(s0) + fold16(s1) + fold16(s2) + fold16(s3) + fold16(s4) + fold16(s5) + fold16(s6) + fold16(s7)
+             + fold16(s8) + fold16(s9) + fold16(s10) + fold16(s11))              # (8,) every sum, so none is dropped
+    return lane(total, 0)
+
+
+def bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 values truncated to bfloat16, as their 16 bits."""
+    return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def widened(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bits back to float32."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def in_pairs(weight_bits: np.ndarray) -> np.ndarray:
+    """A weight (32, K) of bfloat16 bits laid out as the tiles read it: for each 32-column step and each tile of 16
+    weight rows, 16 rows (column pairs) of 16 weight rows' pairs, (K / 32, 2, 16, 16) pairs as 32-bit words."""
+    rows, columns = weight_bits.shape
+    words = np.ascontiguousarray(weight_bits).view(np.uint32).reshape(2, TILE_ROWS, columns // 32, TILE_ROWS)
+    return np.ascontiguousarray(words.transpose(2, 0, 3, 1))          # (step, tile, pair, weight row)
+
+
+def tiles_product(x_bits: np.ndarray, weight_bits: np.ndarray, repeats: int = 1) -> np.ndarray:
+    """x (32, K) times weight (32, K) transposed, bfloat16 bits in, float32 (32, 32) out, on the tiles."""
+    steps = x_bits.shape[1] // 32
+    sums = np.zeros((4, TILE_ROWS, TILE_ROWS), np.float32)            # the four sums tiles
+    _tiles(tile_config(), np.ascontiguousarray(x_bits).reshape(-1).view(np.uint8),
+           in_pairs(weight_bits).reshape(-1).view(np.uint8), sums.reshape(-1).view(np.uint8), steps, repeats)
+    return np.block([[sums[0], sums[1]], [sums[2], sums[3]]])         # (32, 32)
+
+
+def _rate(run, multiply_adds_per_repeat: int, seconds: float) -> float:
+    """Multiply-adds per second of run(repeats), repeats grown until one call takes `seconds`, best of three."""
+    run(1)                                                             # compiled and warm
+    repeats = 1000
+    while True:
+        start = time.perf_counter()
+        run(repeats)
+        if time.perf_counter() - start >= seconds / 4:
+            break
+        repeats *= 4
+    best = min(_timed(run, repeats) for _ in range(3))
+    return repeats * multiply_adds_per_repeat / best
+
+
+def _timed(run, repeats: int) -> float:
+    start = time.perf_counter()
+    run(repeats)
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minibatch.bench.experiments.instructions",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=0.5, help="about how long a timed call takes (default 0.5)")
+    args = parser.parse_args(argv)
+    if not args.seconds > 0:
+        parser.error(f"--seconds {args.seconds}: must be more than 0")
+    rng = np.random.default_rng(0)
+    print("one core, operands in the L1 cache: multiply-adds per second (two operations each)")
+    if not AVX512:
+        print("float32, pairs, tiles: skipped, the compiled code has no 512-bit registers")
+        return 0
+    x32 = rng.standard_normal((4, 64)).astype(np.float32)
+    rates = {"float32 (vfmadd, 16 lanes)": _rate(lambda n: _float32(x32, n), 12 * 2 * 16, args.seconds)}
+    if PAIRS:
+        x, weight = bfloat16_bits(rng.standard_normal((4, 64))), bfloat16_bits(rng.standard_normal((3, 64)))
+        rates["pairs (vdpbf16ps, AVX512-BF16)"] = _rate(lambda n: _pairs(x, weight, n), 12 * 2 * 32, args.seconds)
+    else:
+        print("pairs: skipped, the compiled code has no AVX512-BF16")
+    if tiles_available():
+        steps = 18                                                     # K = 576, SmolLM2's width
+        x, weight = bfloat16_bits(rng.standard_normal((32, 32 * steps))), bfloat16_bits(
+            rng.standard_normal((32, 32 * steps)))
+        reference = widened(x) @ widened(weight).T                     # (32, 32) float32
+        error = np.abs(tiles_product(x, weight) - reference).max()
+        if not error <= 1e-4 * np.abs(reference).max():               # a wrong product's rate means nothing
+            raise SystemExit(f"tiles: the product differs from numpy's by {error:.1e}; not timed")
+        print(f"tiles: one product of 32 x {32 * steps} by {32 * steps} x 32 against numpy's, largest difference "
+              f"{error:.1e} (the order of the additions)")
+        rates["tiles (tdpbf16ps, AMX)"] = _rate(lambda n: tiles_product(x, weight, n), steps * 4 * 16 * 16 * 32,
+                                                args.seconds)
+    else:
+        print("tiles: skipped, no AMX bfloat16 tiles on this CPU (or Linux refused them to this process)")
+    for name, rate in rates.items():
+        print(f"{name:32s} {rate / 1e9:7.1f} G multiply-adds/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
