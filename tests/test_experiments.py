@@ -45,27 +45,15 @@ def test_interleaved_runs_every_arm_each_round():
 
 
 def test_the_tiles_multiply_as_numpy_does():
-    """The AMX loop's product (weights laid out in pairs for the tiles) equals numpy's up to the additions' order."""
+    """The timed AMX loop's product (the weight laid out as the tiles read it) equals numpy's, up to the order of
+    the additions, so the rate it prints is a product's."""
     import numpy as np
 
     from minibatch.bench.experiments import instructions
-    if not instructions.tiles_available():
+    if not instructions.TILES:
         pytest.skip("no AMX bfloat16 tiles on this CPU")
     rng = np.random.default_rng(1)
     x, weight = (instructions.bfloat16_bits(rng.standard_normal((32, 96))) for _ in range(2))
     reference = instructions.widened(x) @ instructions.widened(weight).T            # (32, 32)
     np.testing.assert_allclose(instructions.tiles_product(x, weight), reference, rtol=1e-5, atol=1e-4)
     assert not np.allclose(instructions.tiles_product(x, weight[::-1].copy()), reference, atol=1e-2)   # rows matter
-
-
-def test_pairs_layout_puts_each_weight_pair_where_a_tile_row_reads_it():
-    """in_pairs: word (step, tile, pair, n) holds columns 32 step + 2 pair, + 1 of weight row 16 tile + n."""
-    import numpy as np
-
-    from minibatch.bench.experiments.instructions import in_pairs
-    weight = np.arange(32 * 64, dtype=np.uint32).reshape(32, 64).astype(np.uint16)
-    words = in_pairs(weight)                                                         # (2, 2, 16, 16)
-    for step, tile, pair, n in [(0, 0, 0, 0), (1, 1, 15, 15), (1, 0, 3, 7), (0, 1, 9, 2)]:
-        low, high = int(words[step, tile, pair, n]) & 0xFFFF, int(words[step, tile, pair, n]) >> 16
-        row, column = 16 * tile + n, 32 * step + 2 * pair
-        assert (low, high) == (weight[row, column], weight[row, column + 1])

@@ -13,114 +13,26 @@ second (a multiply-add is two floating-point operations):
                of float32 sums, 8,192 multiply-adds an instruction; four sums tiles, two of each operand loaded
                for every four products (the shape of a step of 32 rows)
 
-The engine's own kernels do not use the tiles (oneDNN does, `ops.products`); this loop drives them from
-Numba through LLVM's AMX intrinsics, checks one tile product against numpy, and times it: the figure a tile
-kernel inside the compiled layer could reach. A CPU without a loop's instructions prints why it skipped it.
+The tiles loop is `kernels.tiles_bf16`'s instructions without its memory: one tile product is checked against
+numpy's first. A CPU without a loop's instructions prints why it skipped it.
 
     python -m minibatch.bench.experiments.instructions [--seconds 0.5]
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
 import time
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
 
 from minibatch.engine.kernels.lanes import lane
 from minibatch.engine.kernels.lanes16 import fma16, fold16, load16, zero16
 from minibatch.engine.kernels.pairs_bf16 import PAIRS, pairs
+from minibatch.engine.kernels.tiles_bf16 import (TILE_BYTES, TILE_ROWS, TILES, configure, load4, load5, load6, load7,
+                                                 pack, product0, product1, product2, product3, release, store0,
+                                                 store1, store2, store3, zero0, zero1, zero2, zero3)
 from minibatch.engine.numba_target import AVX512
-
-TILE_ROWS, TILE_BYTES = 16, 64          # a tile: at most 16 rows of 64 bytes (32 bfloat16s or 16 float32s)
-ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA, SYS_ARCH_PRCTL = 0x1023, 18, 158   # Linux: ask to use the tiles
-_BYTE, _INT64 = ir.IntType(8), ir.IntType(64)
-_ADDRESS = _BYTE.as_pointer()
-
-
-def tiles_available() -> bool:
-    """Whether the compiled code has AMX's bfloat16 tiles and Linux lets this process use them."""
-    from llvmlite import binding
-    features = binding.get_host_cpu_features()
-    if not (features.get("amx-tile", False) and features.get("amx-bf16", False)):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
-
-
-def _call(builder, name, argument_types, arguments):
-    function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), argument_types), name)
-    builder.call(function, arguments)
-
-
-def _address(context, builder, array_type, array, offset=None, offset_type=None):
-    """The address of a contiguous array's first byte, or of its byte `offset`."""
-    data = builder.bitcast(context.make_array(array_type)(context, builder, array).data, _ADDRESS)
-    if offset is None:
-        return data
-    return builder.gep(data, [context.cast(builder, offset, offset_type, types.int64)])
-
-
-@intrinsic
-def configure(typingctx, config):
-    """Load the tile configuration (64 bytes: palette 1, each tile's bytes per row and rows) for this thread."""
-    def codegen(context, builder, sig, args):
-        _call(builder, "llvm.x86.ldtilecfg", [_ADDRESS], [_address(context, builder, sig.args[0], args[0])])
-        return context.get_dummy_value()
-    return types.void(config), codegen
-
-
-@intrinsic
-def release(typingctx):
-    """Give the tiles back (the thread's tile state returns to its initial, cheap to save, form)."""
-    def codegen(context, builder, sig, args):
-        _call(builder, "llvm.x86.tilerelease", [], [])
-        return context.get_dummy_value()
-    return types.void(), codegen
-
-
-def tile_ops(tile: int):
-    """Zero, load and store of tile number `tile` (its number is part of the instruction, so one set per tile)."""
-    @intrinsic
-    def zero(typingctx):
-        def codegen(context, builder, sig, args):
-            _call(builder, "llvm.x86.tilezero", [_BYTE], [ir.Constant(_BYTE, tile)])
-            return context.get_dummy_value()
-        return types.void(), codegen
-
-    def moving(name):
-        @intrinsic
-        def move(typingctx, array, offset, stride):
-            """Tile rows to or from array's bytes offset, offset + stride, ..."""
-            def codegen(context, builder, sig, args):
-                address = _address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-                _call(builder, name, [_BYTE, _ADDRESS, _INT64],
-                      [ir.Constant(_BYTE, tile), address, context.cast(builder, args[2], sig.args[2], types.int64)])
-                return context.get_dummy_value()
-            return types.void(array, offset, stride), codegen
-        return move
-    return zero, moving("llvm.x86.tileloadd64"), moving("llvm.x86.tilestored64")
-
-
-def tile_product(sums: int, rows: int, columns: int):
-    """tile `sums` (float32) += tile `rows` (bfloat16) times tile `columns` (bfloat16 in pairs): one tdpbf16ps."""
-    @intrinsic
-    def product(typingctx):
-        def codegen(context, builder, sig, args):
-            _call(builder, "llvm.x86.tdpbf16ps", [_BYTE] * 3, [ir.Constant(_BYTE, t) for t in (sums, rows, columns)])
-            return context.get_dummy_value()
-        return types.void(), codegen
-    return product
-
-
-(zero0, _, store0), (zero1, _, store1), (zero2, _, store2), (zero3, _, store3) = (tile_ops(t) for t in range(4))
-(_, load4, _), (_, load5, _), (_, load6, _), (_, load7, _) = (tile_ops(t) for t in range(4, 8))
-product0, product1, product2, product3 = (tile_product(s, r, c) for s, r, c in ((0, 4, 6), (1, 4, 7), (2, 5, 6),
-                                                                                 (3, 5, 7)))   # sums += rows . columns
 
 
 def tile_config() -> np.ndarray:
@@ -135,9 +47,10 @@ def tile_config() -> np.ndarray:
 @njit(nogil=True)
 def _tiles(config, x, weight, sums, steps, repeats):
     """sums (4 tiles) = x (2 tiles of rows) . weight (2 tiles of columns), over `steps` 32-column steps, `repeats`
-    times; x: (32, 32 steps) bfloat16 bits as bytes, weight: (steps, 2, 16, 32) pairs as bytes."""
+    times; x: (32, 32 steps) bfloat16 bits as bytes, weight: (32, 32 steps) laid out by `pack`, as bytes."""
     configure(config)
     x_stride = steps * TILE_BYTES
+    second = TILE_ROWS * x_stride                                       # bytes of 16 rows, of x or of the weight
     for _ in range(repeats):
         zero0()
         zero1()
@@ -145,9 +58,9 @@ def _tiles(config, x, weight, sums, steps, repeats):
         zero3()
         for k in range(steps):
             load4(x, k * TILE_BYTES, x_stride)                          # rows 0-15, columns 32 k .. 32 k + 31
-            load5(x, TILE_ROWS * x_stride + k * TILE_BYTES, x_stride)   # rows 16-31
-            load6(weight, (2 * k) * TILE_ROWS * TILE_BYTES, TILE_BYTES)         # weight rows 0-15, in pairs
-            load7(weight, (2 * k + 1) * TILE_ROWS * TILE_BYTES, TILE_BYTES)     # weight rows 16-31
+            load5(x, second + k * TILE_BYTES, x_stride)                 # rows 16-31
+            load6(weight, k * TILE_ROWS * TILE_BYTES, TILE_BYTES)         # weight rows 0-15, in pairs
+            load7(weight, second + k * TILE_ROWS * TILE_BYTES, TILE_BYTES)  # weight rows 16-31
             product0()
             product1()
             product2()
@@ -199,20 +112,12 @@ def widened(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def in_pairs(weight_bits: np.ndarray) -> np.ndarray:
-    """A weight (32, K) of bfloat16 bits laid out as the tiles read it: for each 32-column step and each tile of 16
-    weight rows, 16 rows (column pairs) of 16 weight rows' pairs, (K / 32, 2, 16, 16) pairs as 32-bit words."""
-    rows, columns = weight_bits.shape
-    words = np.ascontiguousarray(weight_bits).view(np.uint32).reshape(2, TILE_ROWS, columns // 32, TILE_ROWS)
-    return np.ascontiguousarray(words.transpose(2, 0, 3, 1))          # (step, tile, pair, weight row)
-
-
 def tiles_product(x_bits: np.ndarray, weight_bits: np.ndarray, repeats: int = 1) -> np.ndarray:
     """x (32, K) times weight (32, K) transposed, bfloat16 bits in, float32 (32, 32) out, on the tiles."""
     steps = x_bits.shape[1] // 32
     sums = np.zeros((4, TILE_ROWS, TILE_ROWS), np.float32)            # the four sums tiles
     _tiles(tile_config(), np.ascontiguousarray(x_bits).reshape(-1).view(np.uint8),
-           in_pairs(weight_bits).reshape(-1).view(np.uint8), sums.reshape(-1).view(np.uint8), steps, repeats)
+           pack(weight_bits).reshape(-1).view(np.uint8), sums.reshape(-1).view(np.uint8), steps, repeats)
     return np.block([[sums[0], sums[1]], [sums[2], sums[3]]])         # (32, 32)
 
 
@@ -255,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         rates["pairs (vdpbf16ps, AVX512-BF16)"] = _rate(lambda n: _pairs(x, weight, n), 12 * 2 * 32, args.seconds)
     else:
         print("pairs: skipped, the compiled code has no AVX512-BF16")
-    if tiles_available():
+    if TILES:
         steps = 18                                                     # K = 576, SmolLM2's width
         x, weight = bfloat16_bits(rng.standard_normal((32, 32 * steps))), bfloat16_bits(
             rng.standard_normal((32, 32 * steps)))

@@ -7,12 +7,12 @@ layer is one call,
 
     x (T, C) -> x + attention(rms_norm(x)) = x1 -> x1 + mlp(rms_norm(x1))      (T, C)
 
-running the same compiled kernels (`fused_cpu`, `gemv_cpu`, `numba_cpu`, `quantized_numba`) in the same
+running the same compiled kernels (`fused_cpu`, `gemv_cpu`, `numba_cpu`, `quantized_numba`, `tiles_bf16`) in the same
 order, on numpy arrays that stay numpy from the first layer to the last, so the fixed cost per step
 shrinks. `ops.fast.FastOps` calls it for steps whose four products all run routines the layer can run
-(`ops.products`: the streamed loop, or q8_0 / q4_1 blocks) with the Numba attention backend.
+(`ops.products`: the streamed loop, AMX's tiles, or q8_0 / q4_1 blocks) with the Numba attention backend.
 
-Each product's operands come as a named tuple whose type says which compiled product to use (`Streamed`,
+Each product's operands come as a named tuple whose type says which compiled product to use (`Streamed`, `Tiles`,
 `Q8_0Blocks`, `Q4_1Blocks`); Numba compiles the layer once per combination of types. Compiled code is
 cached on disk; `_layer` compiles the other kernels into itself, so it is compiled again when one of
 their files changes (`kernels.stale_cache`). Measurements: docs/performance.md, "Whole compiled layers".
@@ -27,18 +27,20 @@ from numba import njit
 from numba.extending import overload
 
 from minibatch.engine.kernels import (bfloat16, codes16, fused_cpu, gemv_blocks_cpu, gemv_cpu, lanes, lanes16,
-                                     numba_cpu, pairs_bf16, quantized_groups_numba, quantized_numba)
+                                     numba_cpu, pairs_bf16, quantized_groups_numba, quantized_numba, tiles_bf16)
 from minibatch.engine.kernels.bfloat16 import from_host, host_view
 from minibatch.engine.kernels.fused_cpu import _kept_view, _rms_norm, _rotary_write_kv, _silu_mul
 from minibatch.engine.kernels.gemv_cpu import _stream
 from minibatch.engine.kernels.numba_cpu import _paged_attention
 from minibatch.engine.kernels.quantized_numba import _q4_1_into, _q8_0_into
+from minibatch.engine.kernels.tiles_bf16 import _tiles_product
 from minibatch.engine.kernels.stale_cache import forget_stale
 
 # What the compiled layer multiplies by, one type per kind of weight (`ops.products` makes them).
 Streamed = namedtuple("Streamed", "weight")                    # (N, K) float32, or bfloat16 as its bits
 Q8_0Blocks = namedtuple("Q8_0Blocks", "codes scales block grouped group_scales")
 Q4_1Blocks = namedtuple("Q4_1Blocks", "codes scales mins block grouped group_scales group_mins")
+Tiles = namedtuple("Tiles", "packed")                          # (N, K) bfloat16 bits in AMX's tile order
 
 
 def _product(x, weight, residual, add_residual, out):
@@ -51,6 +53,9 @@ def _product_for(x, weight, residual, add_residual, out):
     kind = getattr(weight, "instance_class", None)
     if kind is Streamed:
         return lambda x, weight, residual, add_residual, out: _stream(x, weight.weight, residual, add_residual, out)
+    if kind is Tiles:
+        return lambda x, weight, residual, add_residual, out: _tiles_product(x, weight.packed, residual, add_residual,
+                                                                             out)
     if kind is Q8_0Blocks:
         return lambda x, weight, residual, add_residual, out: _q8_0_into(
             x, weight.codes, weight.scales, weight.block, weight.grouped, weight.group_scales, residual,
@@ -96,7 +101,7 @@ def _layer(x, attn_norm, qkv_weight, o_weight, mlp_norm, gate_up_weight, down_we
 
 # the modules whose kernels `_layer` compiles into itself
 CALLEES = (bfloat16, codes16, fused_cpu, gemv_blocks_cpu, gemv_cpu, lanes, lanes16, numba_cpu, pairs_bf16,
-           quantized_numba, quantized_groups_numba)
+           quantized_numba, quantized_groups_numba, tiles_bf16)
 
 
 forget_stale(_layer, CALLEES)

@@ -12,10 +12,12 @@ kept in the model cache, keyed by the CPU, the thread count and the weight's kin
                                  compiled call, which a GEMM's gain at a few dozen rows does not repay
     float32, on its own          measured: the largest of CANDIDATES at which the loop is no slower than
     (the LM head)                oneDNN, on a matrix of the LM head's size (nothing compiled to keep)
-    bfloat16                     measured: a CPU with bfloat16 tiles (Intel's AMX) multiplies so fast that
-                                 oneDNN wins from a few rows on, while elsewhere the loop wins up to a few
-                                 dozen (with AVX512-BF16's pair-by-pair products, `kernels.pairs_bf16`, up
-                                 to 64); the loop keeps the rows while it is no more than MARGIN times slower
+    bfloat16                     measured: oneDNN's GEMM wins from a few rows on where it runs on bfloat16
+                                 tiles (Intel's AMX), while elsewhere the loop wins up to a few dozen (with
+                                 AVX512-BF16's pair-by-pair products, `kernels.pairs_bf16`, up to 64); the
+                                 loop keeps the rows while it is no more than MARGIN times slower. (Where
+                                 the CPU has the tiles, a weight of whole tiles takes the engine's own tile
+                                 loop instead, `kernels.tiles_bf16`, up to 64 rows: nothing to measure.)
 
 Measurements: docs/performance.md, "Products and where each path wins".
 """

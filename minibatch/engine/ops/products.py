@@ -13,7 +13,11 @@ format) and on how many rows the step has; `bands` is that choice, written once,
                                                                compute-bound, where it is faster
     float32, the LM head         1 .. crossover     streamed   multiplied on its own, so nothing compiled
                                  more               onednn     to keep: the crossover is measured
-    bfloat16 on a CPU            1 .. crossover     streamed   as above
+    bfloat16 on a CPU with       1 .. 64            tiles      AMX's tiles multiply a few dozen rows as
+    AMX tiles (whole tiles)                                    fast as the weight arrives; runs inside a
+                                                               compiled decode layer
+                                 more               onednn     prefill chunks, as above
+    bfloat16 on another CPU      1 .. crossover     streamed   as above
                                  more               onednn     the crossover is measured on this
                                                                machine, once (`crossover`)
     q8_0 or q4_1 blocks          any                blocks     reads the blocks, never an fp32 copy
@@ -26,10 +30,11 @@ from __future__ import annotations
 
 import torch
 
-from minibatch.engine.kernels import quantized_numba
+from minibatch.engine.kernels import quantized_numba, tiles_bf16
 from minibatch.engine.kernels.bfloat16 import host_view
 from minibatch.engine.kernels.gemv_cpu import streamed_linear
-from minibatch.engine.kernels.layer_cpu import Q4_1Blocks, Q8_0Blocks, Streamed
+from minibatch.engine.kernels.tiles_bf16 import tiled_linear
+from minibatch.engine.kernels.layer_cpu import Q4_1Blocks, Q8_0Blocks, Streamed, Tiles
 from minibatch.engine.models.quantized import QuantizedWeight
 from minibatch.engine.ops.crossover import STREAM_ROWS, streamed_rows
 from minibatch.engine.ops.reference import TorchProduct, describe
@@ -48,6 +53,19 @@ class StreamedProduct:
 
     def operands(self, rows: int):
         return Streamed(self.plain)
+
+
+class TilesProduct:
+    """AMX's tiles (`kernels.tiles_bf16`) over the bfloat16 weight laid out in pairs once, at load."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.packed = tiles_bf16.pack(host_view(weight.detach().contiguous()))    # (N, K) bits in tile order
+
+    def __call__(self, x, residual=None):
+        return tiled_linear(x, self.packed, residual)
+
+    def operands(self, rows: int):
+        return Tiles(self.packed)
 
 
 class OneDNNProduct:
@@ -88,7 +106,8 @@ class BlocksProduct:
         return kind(*self.arrays[:plain], quantized_numba.BLOCK, *self.arrays[plain:])
 
 
-ROUTINES = {"torch": TorchProduct, "streamed": StreamedProduct, "onednn": OneDNNProduct, "blocks": BlocksProduct}
+ROUTINES = {"torch": TorchProduct, "streamed": StreamedProduct, "tiles": TilesProduct, "onednn": OneDNNProduct,
+            "blocks": BlocksProduct}
 
 
 def onednn_supports(weight: torch.Tensor) -> bool:
@@ -106,7 +125,15 @@ def bands(weight, alone: bool = False) -> list[tuple[float, str]]:
     if isinstance(weight, QuantizedWeight):
         return [(ANY_ROWS, "blocks")]
     many = "onednn" if onednn_supports(weight) else "torch"
+    if takes_tiles(weight):
+        return [(STREAM_ROWS, "tiles"), (ANY_ROWS, many)]
     return [(streamed_rows(weight.dtype, many, alone), "streamed"), (ANY_ROWS, many)]
+
+
+def takes_tiles(weight) -> bool:
+    """Whether AMX's tiles multiply this weight: bfloat16 on a CPU that has them, in whole tiles."""
+    return (tiles_bf16.TILES and weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+            and tiles_bf16.fits(weight.shape))
 
 
 class Product:
