@@ -1,24 +1,28 @@
-"""bfloat16 products on AMX tiles, for steps of a few dozen rows, on CPUs that have them (Numba).
+"""bfloat16 products on AMX tiles, for decode steps of up to a few dozen rows, on CPUs that have them (Numba).
 
     out[t, n] = sum_k x[t, k] * weight[n, k]      x (T, K) and weight (N, K) as bfloat16 bits
 
 Past a few rows a bfloat16 step is bound by its arithmetic, not its memory: every weight is multiplied into
 every row. An Intel CPU with AMX has eight tile registers of up to 16 rows of 64 bytes and an instruction,
 `tdpbf16ps`, that multiplies a tile of 16 rows of 32 bfloat16s by a tile of 32 x 16 bfloat16s into a tile of
-16 x 16 float32 sums: 8,192 multiply-adds in one instruction, six times what the pairs of `kernels.pairs_bf16`
-reach per core (docs/performance.md, section "bfloat16"). Its products of two bfloat16s are exact and its
-sums float32, as in the other loops, so only the order of the additions differs.
+16 x 16 float32 sums: 8,192 multiply-adds in one instruction, many times what the pairs of `kernels.pairs_bf16`
+reach. Its products of two bfloat16s are exact and its sums float32, as in the other loops, so only the
+order of the additions differs.
 
-The second operand must be laid out in pairs: row r of a weight tile holds, for each of 16 weight rows, its
-columns 2r and 2r + 1 side by side (`pack`, once, at load). Each task takes 32 weight rows (two weight tiles)
-and, for every 32 rows of x (two tiles of x), four tiles of sums: for each 32 columns it loads the two tiles
-of x and the two of the weight and makes four products. The sums are stored to a scratch block and each
-rounded to bfloat16, then added to the residual (rounded again) where the layer adds one, as transformers
-rounds. A tile's shape is set per thread (`ldtilecfg`), so each task sets it for the rows it multiplies.
+The weight must be laid out in pairs: row r of a weight tile holds, for each of 16 weight rows, its columns
+2r and 2r + 1 side by side (`pack`, once, at load). Each task takes 32 weight rows (two weight tiles) and,
+for every 32 rows of x (two tiles of x), four tiles of sums: for each 32 columns it loads the two tiles of
+x and the two of the weight and makes four products, while it asks the memory for the same tiles of the
+next task (the thread's next: the parallel loop hands each thread a contiguous share). The sums are stored
+to a scratch block and each rounded to bfloat16, then added to the residual (rounded again) where the layer
+adds one, as transformers rounds. A tile's shape is set per thread (`ldtilecfg`), so each task sets it for
+the rows it multiplies.
 
 The tiles are driven through LLVM's AMX intrinsics, the tile numbers part of each instruction (one Numba
 intrinsic per tile). Linux hands the tiles' state only to a process that asks (`arch_prctl`), which this
-module does on import where the CPU has them; `TILES` says whether it may use them.
+module does on import where the CPU has them; `TILES` says whether it may use them. `ops.products` takes
+this loop for bfloat16 weights of whole tiles (N and K multiples of 32) up to STREAM_ROWS rows, inside the
+compiled layer. Measurements: docs/performance.md, section "bfloat16".
 """
 from __future__ import annotations
 
@@ -124,6 +128,17 @@ def _product(sums: int, rows: int, columns: int):
     return product
 
 
+@intrinsic
+def ask(typingctx, array, offset):
+    """Ask the memory for the cache line holding byte `offset` of an array, to be kept in L2 and beyond."""
+    def codegen(context, builder, sig, args):
+        address = _address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        _call(builder, "llvm.prefetch.p0", [_ADDRESS, ir.IntType(32), ir.IntType(32), ir.IntType(32)],
+              [address, ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 2), ir.Constant(ir.IntType(32), 1)])
+        return context.get_dummy_value()
+    return types.void(array, offset), codegen
+
+
 # Tiles 0-3: sums (rows 0-15 or 16-31 of x by weight rows 0-15 or 16-31); 4-5: rows of x; 6-7: weight in pairs.
 zero0, zero1, zero2, zero3 = (_zero(t) for t in range(4))
 store0, store1, store2, store3 = (_move("llvm.x86.tilestored64", t) for t in range(4))
@@ -163,6 +178,16 @@ def _config(config, rows_a, rows_b):
             config[16 + 2 * tile] = 0
 
 
+@njit(inline="always")
+def _ask_ahead(packed_bytes, first_tile, weight_row_bytes, k):
+    """Ask for step k's two weight tiles of the task whose first tile starts at byte first_tile (if there is one)."""
+    ahead = first_tile + k * TILE_ROWS * TILE_BYTES
+    if ahead + weight_row_bytes < packed_bytes.shape[0]:
+        for line in range(0, TILE_ROWS * TILE_BYTES, TILE_BYTES):
+            ask(packed_bytes, ahead + line)
+            ask(packed_bytes, ahead + weight_row_bytes + line)
+
+
 @njit(nogil=True, cache=True)
 def _task(x_bytes, x_stride, rows, packed_bytes, weight_row_bytes, block, residual, add_residual, out, config, sums):
     """out[:, 32 block : 32 block + 32] = x . weight rows 32 block .. + 31 (+ residual): every 32 rows of x, four
@@ -182,6 +207,8 @@ def _task(x_bytes, x_stride, rows, packed_bytes, weight_row_bytes, block, residu
             zero2()
             zero3()
             for k in range(steps):
+                if group == 0:                             # the next task's weight tiles, asked for meanwhile
+                    _ask_ahead(packed_bytes, first_tile + 2 * weight_row_bytes, weight_row_bytes, k)
                 load4(x_bytes, first_x + k * TILE_BYTES, x_stride)
                 load5(x_bytes, first_x + TILE_ROWS * x_stride + k * TILE_BYTES, x_stride)
                 load6(packed_bytes, first_tile + k * TILE_ROWS * TILE_BYTES, TILE_BYTES)
@@ -194,6 +221,8 @@ def _task(x_bytes, x_stride, rows, packed_bytes, weight_row_bytes, block, residu
             store3(sums_bytes, 3 * TILE_ROWS * TILE_BYTES, TILE_BYTES)
         else:
             for k in range(steps):
+                if group == 0:                             # the next task's weight tiles, asked for meanwhile
+                    _ask_ahead(packed_bytes, first_tile + 2 * weight_row_bytes, weight_row_bytes, k)
                 load4(x_bytes, first_x + k * TILE_BYTES, x_stride)
                 load6(packed_bytes, first_tile + k * TILE_ROWS * TILE_BYTES, TILE_BYTES)
                 load7(packed_bytes, first_tile + weight_row_bytes + k * TILE_ROWS * TILE_BYTES, TILE_BYTES)
