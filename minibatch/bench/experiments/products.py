@@ -4,8 +4,9 @@ Feeds docs/performance.md, sections "Streamed products", "Blocks of rows", "bflo
 products", "Wide vectors" and "Products and where each path wins". Three measurements:
 
     paths    every routine the fast path's table chooses from (`engine.ops.products.ROUTINES`): F.linear
-             (`torch`, the reference's product), oneDNN with the weight prepacked (where torch has it) and
-             the streamed loop (`gemv_cpu.streamed_linear`), each at every row count, then the table's own
+             (`torch`, the reference's product), oneDNN with the weight prepacked (where torch has it), the
+             streamed loop (`gemv_cpu.streamed_linear`) and, in bfloat16 on a CPU with AMX, the tiles
+             (`tiles_bf16.tiled_linear`), each at every row count, then the table's own
              choice (`Product`), for one step's products of the 30 layers (each read from memory once, as
              in a real step) and the LM head, with the largest difference from F.linear's head
     formats  float32, bfloat16, q8_0 and q4_1 weights as the fast path multiplies them (`Product`): one
@@ -39,7 +40,7 @@ from minibatch.engine.kernels.bfloat16 import host_view
 from minibatch.engine.kernels.gemv_cpu import streamed_linear
 from minibatch.engine.models import load_model
 from minibatch.engine.models.quantized import quantize_q4_1, quantize_q8_0
-from minibatch.engine.ops.products import ROUTINES, Product, onednn_supports
+from minibatch.engine.ops.products import ROUTINES, Product, onednn_supports, takes_tiles
 
 
 class Streamed:
@@ -71,7 +72,8 @@ def paths(args) -> None:
     weights = fused_weights(sd, loaded.config.num_hidden_layers, dtype)
     head_weight = sd["lm_head.weight"].to(dtype).contiguous()                     # (V, C)
     hidden, inner = weights[0]["down"].shape                                      # (C, I)
-    names = ["torch"] + (["onednn"] if onednn_supports(head_weight) else []) + ["streamed", "table"]
+    names = (["torch"] + (["onednn"] if onednn_supports(head_weight) else []) + ["streamed"]
+             + (["tiles"] if takes_tiles(head_weight) else []) + ["table"])
     make = ROUTINES | {"table": Product}                                         # name -> weight -> routine
     layers = {p: [{k: make[p](w) for k, w in layer.items()} for layer in weights] for p in names}
     heads = {p: Product(head_weight, alone=True) if p == "table" else make[p](head_weight)    # the table: as the
