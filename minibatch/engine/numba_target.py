@@ -38,3 +38,4 @@ WIDE_VECTORS = prefer_wide_vectors()
 _COMPILED = (os.environ.get("NUMBA_CPU_FEATURES") or llvm.get_host_cpu_features().flatten()).split(",")
 AVX512 = "+avx512f" in _COMPILED              # 512-bit registers (`kernels.lanes16`)?
 AVX512_BF16 = "+avx512bf16" in _COMPILED      # bfloat16 products pair by pair (`kernels.pairs_bf16`)?
+AMX_BF16 = "+amx-tile" in _COMPILED and "+amx-bf16" in _COMPILED   # bfloat16 tiles (`kernels.tiles_bf16`)?

@@ -124,9 +124,12 @@ def check_bfloat16() -> Check:
     """Whether this CPU multiplies in bfloat16 natively (AVX512_BF16, AMX), as oneDNN reports it. Never a
     problem for the course (it runs in float32); without it dtype="bfloat16" prefills through a slow fallback."""
     import torch
+
+    from minibatch.engine.kernels.tiles_bf16 import TILES
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        tiles = "; its decode steps run on AMX tiles" if TILES else ""
         return Check("bfloat16", "ok", "this CPU multiplies in bfloat16 natively (oneDNN): dtype='bfloat16' "
-                     "reads half the bytes of float32")
+                     f"reads half the bytes of float32{tiles}")
     return Check("bfloat16", "ok", "no native bfloat16 products on this CPU (oneDNN has none for it): with "
                  "dtype='bfloat16' the engine's own loops still run decode steps of up to 64 sequences, but "
                  "prefills and larger steps go through a fallback several times slower than float32, so keep "

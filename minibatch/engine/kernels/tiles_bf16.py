@@ -30,7 +30,7 @@ import ctypes
 
 import numpy as np
 import torch
-from llvmlite import binding, ir
+from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -38,6 +38,7 @@ from numba.extending import intrinsic
 from minibatch.engine.kernels import bfloat16
 from minibatch.engine.kernels.bfloat16 import get, host_view, put
 from minibatch.engine.kernels.stale_cache import forget_stale
+from minibatch.engine.numba_target import AMX_BF16
 
 TILE_ROWS, TILE_BYTES = 16, 64          # a tile: at most 16 rows of 64 bytes (32 bfloat16s or 16 float32s)
 STEP = 32                               # columns (bfloat16s) of x one tile holds: the product's step along K
@@ -49,8 +50,7 @@ _ADDRESS = _BYTE.as_pointer()
 
 def _ask_for_tiles() -> bool:
     """Whether the compiled code has AMX's bfloat16 tiles and Linux lets this process use them."""
-    features = binding.get_host_cpu_features()
-    if not (features.get("amx-tile", False) and features.get("amx-bf16", False)):
+    if not AMX_BF16:
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
