@@ -121,19 +121,16 @@ def check_cpu() -> Check:
 
 
 def check_bfloat16() -> Check:
-    """Whether this CPU multiplies in bfloat16 natively (AVX512_BF16, AMX), as oneDNN reports it. Never a
-    problem for the course (it runs in float32); without it dtype="bfloat16" prefills through a slow fallback."""
+    """Whether this CPU multiplies in bfloat16 natively (AVX512_BF16, AMX): never a problem for the course."""
     import torch
 
-    from minibatch.engine.kernels.tiles_bf16 import TILES
+    from minibatch.engine.kernels import tiles_bf16
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        tiles = "; its decode steps run on AMX tiles" if TILES else ""
-        return Check("bfloat16", "ok", "this CPU multiplies in bfloat16 natively (oneDNN): dtype='bfloat16' "
-                     f"reads half the bytes of float32{tiles}")
-    return Check("bfloat16", "ok", "no native bfloat16 products on this CPU (oneDNN has none for it): with "
-                 "dtype='bfloat16' the engine's own loops still run decode steps of up to 64 sequences, but "
-                 "prefills and larger steps go through a fallback several times slower than float32, so keep "
-                 "the default float32 here (chapter 10 skips its bf16 row)")
+        return Check("bfloat16", "ok", "this CPU multiplies in bfloat16 natively (oneDNN): dtype='bfloat16' reads half "
+                     "the bytes of float32" + ("; its decode steps run on AMX tiles" if tiles_bf16.TILES else ""))
+    return Check("bfloat16", "ok", "no native bfloat16 products here (oneDNN has none): dtype='bfloat16' decodes up "
+                 "to 64 sequences in the engine's own loops, but prefills through a fallback several times slower "
+                 "than float32, so keep the default float32 here (chapter 10 skips its bf16 row)")
 
 
 def torch_build() -> tuple[str, str]:
