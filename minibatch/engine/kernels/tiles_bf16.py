@@ -27,6 +27,7 @@ compiled layer. Measurements: docs/performance.md, section "bfloat16".
 from __future__ import annotations
 
 import ctypes
+import sys
 
 import numpy as np
 import torch
@@ -49,13 +50,13 @@ _ADDRESS = _BYTE.as_pointer()
 
 
 def _ask_for_tiles() -> bool:
-    """Whether the compiled code has AMX's bfloat16 tiles and Linux lets this process use them."""
-    if not AMX_BF16:
+    """Whether the compiled code has AMX's bfloat16 tiles and Linux lets this process use them (elsewhere: no)."""
+    if not (AMX_BF16 and sys.platform.startswith("linux")):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
-    except (OSError, AttributeError):                               # not Linux
+    except (OSError, AttributeError):                               # no C library's syscall to call
         return False
 
 
