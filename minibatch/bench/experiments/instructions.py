@@ -30,18 +30,10 @@ from minibatch.engine.kernels.lanes import lane
 from minibatch.engine.kernels.lanes16 import fma16, fold16, load16, zero16
 from minibatch.engine.kernels.pairs_bf16 import PAIRS, pairs
 from minibatch.engine.kernels.tiles_bf16 import (TILE_BYTES, TILE_ROWS, TILES, configure, load4, load5, load6, load7,
-                                                 pack, product0, product1, product2, product3, release, store0,
-                                                 store1, store2, store3, zero0, zero1, zero2, zero3)
+                                                 pack, product0, product1, product2, product3, release, shapes,
+                                                 store0, store1, store2, store3, zero0, zero1, zero2,
+                                                 zero3)
 from minibatch.engine.numba_target import AVX512
-
-
-def tile_config() -> np.ndarray:
-    """Eight tiles of 16 rows of 64 bytes: sums 0-3, rows of x 4-5, weight columns in pairs 6-7."""
-    config = np.zeros(64, np.uint8)
-    config[0] = 1                                                       # palette 1
-    config[16:32].view(np.uint16)[:] = TILE_BYTES                       # bytes per row of tiles 0..7
-    config[48:56] = TILE_ROWS                                           # rows of tiles 0..7
-    return config
 
 
 @njit(nogil=True)
@@ -116,7 +108,9 @@ def tiles_product(x_bits: np.ndarray, weight_bits: np.ndarray, repeats: int = 1)
     """x (32, K) times weight (32, K) transposed, bfloat16 bits in, float32 (32, 32) out, on the tiles."""
     steps = x_bits.shape[1] // 32
     sums = np.zeros((4, TILE_ROWS, TILE_ROWS), np.float32)            # the four sums tiles
-    _tiles(tile_config(), np.ascontiguousarray(x_bits).reshape(-1).view(np.uint8),
+    config = np.empty(64, np.uint8)
+    shapes(config, TILE_ROWS, TILE_ROWS)                               # every tile 16 rows of 64 bytes
+    _tiles(config, np.ascontiguousarray(x_bits).reshape(-1).view(np.uint8),
            pack(weight_bits).reshape(-1).view(np.uint8), sums.reshape(-1).view(np.uint8), steps, repeats)
     return np.block([[sums[0], sums[1]], [sums[2], sums[3]]])         # (32, 32)
 

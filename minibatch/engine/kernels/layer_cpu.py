@@ -33,8 +33,8 @@ from minibatch.engine.kernels.fused_cpu import _kept_view, _rms_norm, _rotary_wr
 from minibatch.engine.kernels.gemv_cpu import _stream
 from minibatch.engine.kernels.numba_cpu import _paged_attention
 from minibatch.engine.kernels.quantized_numba import _q4_1_into, _q8_0_into
-from minibatch.engine.kernels.tiles_bf16 import _tiles_product
 from minibatch.engine.kernels.stale_cache import forget_stale
+from minibatch.engine.kernels.tiles_bf16 import _tiles_product
 
 # What the compiled layer multiplies by, one type per kind of weight (`ops.products` makes them).
 Streamed = namedtuple("Streamed", "weight")                    # (N, K) float32, or bfloat16 as its bits

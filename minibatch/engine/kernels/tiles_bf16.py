@@ -36,8 +36,9 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from minibatch.engine.kernels import bfloat16
+from minibatch.engine.kernels import bfloat16, lanes
 from minibatch.engine.kernels.bfloat16 import get, host_view, put
+from minibatch.engine.kernels.lanes import prefetch
 from minibatch.engine.kernels.stale_cache import forget_stale
 from minibatch.engine.numba_target import AMX_BF16
 
@@ -129,17 +130,6 @@ def _product(sums: int, rows: int, columns: int):
     return product
 
 
-@intrinsic
-def ask(typingctx, array, offset):
-    """Ask the memory for the cache line holding byte `offset` of an array, to be kept in L2 and beyond."""
-    def codegen(context, builder, sig, args):
-        address = _address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-        _call(builder, "llvm.prefetch.p0", [_ADDRESS, ir.IntType(32), ir.IntType(32), ir.IntType(32)],
-              [address, ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 2), ir.Constant(ir.IntType(32), 1)])
-        return context.get_dummy_value()
-    return types.void(array, offset), codegen
-
-
 # Tiles 0-3: sums (rows 0-15 or 16-31 of x by weight rows 0-15 or 16-31); 4-5: rows of x; 6-7: weight in pairs.
 zero0, zero1, zero2, zero3 = (_zero(t) for t in range(4))
 store0, store1, store2, store3 = (_move("llvm.x86.tilestored64", t) for t in range(4))
@@ -163,9 +153,9 @@ def pack(weight_bits: np.ndarray) -> np.ndarray:
 
 
 @njit(inline="always")
-def _config(config, rows_a, rows_b):
-    """config: tiles of sums and of x with rows_a rows (the first group of 16 rows of x) or rows_b (the
-    second; 0 if none), the weight's tiles 16 rows (pairs) of 64 bytes."""
+def shapes(config, rows_a, rows_b):
+    """config (64,) uint8 set for `configure`: tiles of sums and of x with rows_a rows (the first group of 16
+    rows of x) or rows_b (the second; 0 if none), the weight's tiles 16 rows (pairs) of 64 bytes."""
     config[:] = 0
     config[0] = 1                                          # palette 1
     for tile in range(8):
@@ -180,13 +170,14 @@ def _config(config, rows_a, rows_b):
 
 
 @njit(inline="always")
-def _ask_ahead(packed_bytes, first_tile, weight_row_bytes, k):
-    """Ask for step k's two weight tiles of the task whose first tile starts at byte first_tile (if there is one)."""
+def _ask_ahead(words, first_tile, weight_row_bytes, k):
+    """Ask for step k's two weight tiles of the task whose first tile starts at byte first_tile (if there is one);
+    words: the packed weight as one row of bits, (1, N K)."""
     ahead = first_tile + k * TILE_ROWS * TILE_BYTES
-    if ahead + weight_row_bytes < packed_bytes.shape[0]:
+    if ahead + weight_row_bytes < 2 * words.shape[1]:
         for line in range(0, TILE_ROWS * TILE_BYTES, TILE_BYTES):
-            ask(packed_bytes, ahead + line)
-            ask(packed_bytes, ahead + weight_row_bytes + line)
+            prefetch(words, 0, (ahead + line) // 2)
+            prefetch(words, 0, (ahead + weight_row_bytes + line) // 2)
 
 
 @njit(nogil=True, cache=True)
@@ -196,10 +187,11 @@ def _task(x_bytes, x_stride, rows, packed_bytes, weight_row_bytes, block, residu
     steps = x_stride // TILE_BYTES
     first_tile = 2 * block * weight_row_bytes              # byte of weight tile row 2 block of packed
     sums_bytes = sums.reshape(-1).view(np.uint8)
+    words = packed_bytes.view(np.uint16).reshape(1, -1)     # (1, N K): what `prefetch` takes
     for group in range(0, rows, BLOCK):
         rows_a = min(TILE_ROWS, rows - group)
         rows_b = min(TILE_ROWS, max(0, rows - group - TILE_ROWS))
-        _config(config, rows_a, rows_b)
+        shapes(config, rows_a, rows_b)
         configure(config)
         zero0()
         zero1()
@@ -209,7 +201,7 @@ def _task(x_bytes, x_stride, rows, packed_bytes, weight_row_bytes, block, residu
             zero3()
             for k in range(steps):
                 if group == 0:                             # the next task's weight tiles, asked for meanwhile
-                    _ask_ahead(packed_bytes, first_tile + 2 * weight_row_bytes, weight_row_bytes, k)
+                    _ask_ahead(words, first_tile + 2 * weight_row_bytes, weight_row_bytes, k)
                 load4(x_bytes, first_x + k * TILE_BYTES, x_stride)
                 load5(x_bytes, first_x + TILE_ROWS * x_stride + k * TILE_BYTES, x_stride)
                 load6(packed_bytes, first_tile + k * TILE_ROWS * TILE_BYTES, TILE_BYTES)
@@ -223,7 +215,7 @@ def _task(x_bytes, x_stride, rows, packed_bytes, weight_row_bytes, block, residu
         else:
             for k in range(steps):
                 if group == 0:                             # the next task's weight tiles, asked for meanwhile
-                    _ask_ahead(packed_bytes, first_tile + 2 * weight_row_bytes, weight_row_bytes, k)
+                    _ask_ahead(words, first_tile + 2 * weight_row_bytes, weight_row_bytes, k)
                 load4(x_bytes, first_x + k * TILE_BYTES, x_stride)
                 load6(packed_bytes, first_tile + k * TILE_ROWS * TILE_BYTES, TILE_BYTES)
                 load7(packed_bytes, first_tile + weight_row_bytes + k * TILE_ROWS * TILE_BYTES, TILE_BYTES)
@@ -257,8 +249,8 @@ def _tiles_product(x, packed, residual, add_residual, out):
               sums)
 
 
-forget_stale(_task, (bfloat16,))
-forget_stale(_tiles_product, (bfloat16,))
+forget_stale(_task, (bfloat16, lanes))                  # the files each compiles in
+forget_stale(_tiles_product, (bfloat16, lanes))
 
 
 def tiled_linear(x: torch.Tensor, packed: np.ndarray, residual: torch.Tensor | None = None) -> torch.Tensor:

@@ -33,7 +33,6 @@ import torch
 from minibatch.engine.kernels import quantized_numba, tiles_bf16
 from minibatch.engine.kernels.bfloat16 import host_view
 from minibatch.engine.kernels.gemv_cpu import streamed_linear
-from minibatch.engine.kernels.tiles_bf16 import tiled_linear
 from minibatch.engine.kernels.layer_cpu import Q4_1Blocks, Q8_0Blocks, Streamed, Tiles
 from minibatch.engine.models.quantized import QuantizedWeight
 from minibatch.engine.ops.crossover import STREAM_ROWS, streamed_rows
@@ -62,7 +61,7 @@ class TilesProduct:
         self.packed = tiles_bf16.pack(host_view(weight.detach().contiguous()))    # (N, K) bits in tile order
 
     def __call__(self, x, residual=None):
-        return tiled_linear(x, self.packed, residual)
+        return tiles_bf16.tiled_linear(x, self.packed, residual)
 
     def operands(self, rows: int):
         return Tiles(self.packed)
