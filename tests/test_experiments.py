@@ -4,7 +4,7 @@ import importlib
 import pytest
 
 EXPERIMENTS = {"products": ["paths", "formats", "rates", "blocks"], "layers": ["steps", "parts", "compile"],
-               "attention": [], "threads": [], "instructions": []}
+               "attention": [], "threads": [], "instructions": [], "phases": []}
 
 
 @pytest.mark.parametrize("name, sub", [(n, s) for n, subs in EXPERIMENTS.items() for s in [None, *subs]])
@@ -25,6 +25,7 @@ def test_an_experiment_answers_help(name, sub, capsys):
     (["attention", "--decode", "8by48"], "--decode"),
     (["threads", "--rounds", "0"], "--rounds"),
     (["instructions", "--seconds", "0"], "--seconds"),
+    (["phases", "--batch-sizes", "8", "0"], "--batch-sizes"),
 ])
 def test_an_experiment_refuses_a_bad_count(argv, flag, capsys):
     module = importlib.import_module(f"minibatch.bench.experiments.{argv[0]}")

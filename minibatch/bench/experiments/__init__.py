@@ -11,6 +11,8 @@
         a server that follows the free cores against one with fixed threads, a core taken after it started
     python -m minibatch.bench.experiments.instructions
         one core's multiply-adds per second by float32 vectors, AVX512-BF16's pairs and AMX's tiles
+    python -m minibatch.bench.experiments.phases
+        where a run of the bench's workload spends its time: prefill steps against decode steps
 
 Each runs its arms interleaved (A B A B ...), so the machine's noise hits all of them alike, prints the
 medians and the largest difference between the arms' outputs, and asserts nothing about time: the
