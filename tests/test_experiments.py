@@ -58,3 +58,15 @@ def test_the_tiles_multiply_as_numpy_does():
     reference = instructions.widened(x) @ instructions.widened(weight).T            # (32, 32)
     np.testing.assert_allclose(instructions.tiles_product(x, weight), reference, rtol=1e-5, atol=1e-4)
     assert not np.allclose(instructions.tiles_product(x, weight[::-1].copy()), reference, atol=1e-2)   # rows matter
+
+
+def test_phases_splits_a_run_into_its_prefill_and_decode_steps():
+    from types import SimpleNamespace as Step
+
+    from minibatch.bench.experiments.phases import by_rows, split
+    steps = [Step(num_prefill_tokens=p, num_decode_tokens=d, duration=ms / 1e3) for p, d, ms in
+             [(512, 0, 400), (40, 7, 80), (0, 8, 28), (0, 6, 30), (0, 1, 20), (0, 40, 60)]]
+    parts = split(steps)
+    assert [s.num_prefill_tokens for s in parts["prefill"]] == [512, 40]     # a step with prompt rows counts there
+    assert [s.num_decode_tokens for s in parts["decode"]] == [8, 6, 1, 40]
+    assert by_rows(parts["decode"]) == "1: 20.0, 2-8: 29.0, 33+: 60.0"     # medians by band; empty bands left out
