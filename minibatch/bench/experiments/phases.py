@@ -52,17 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check_positive(parser, "batch-sizes", args.batch_sizes)
     check_positive(parser, "rounds", [args.rounds])
-    config = load_model(args.model).config
-    body_params = ModelSize.of(config).body_params
+    loaded = load_model(args.model)
+    body_params = ModelSize.of(loaded.config).body_params
+    workload = offline_workload(PEERS, loaded.tokenizer, loaded.config.vocab_size)
+    del loaded                                                         # the engine loads its own weights
     system = Minibatch(args.model, "continuous", dtype=args.dtype)   # configured as the bench configures it
-    workload = None
+    print(f"{args.model}, {args.dtype}, {threads_line()}: the bench's --peers workload, {len(workload.prompts)} "
+          f"requests, {sum(map(len, workload.prompts))} prompt tokens, {workload.output_tokens} output tokens")
     for batch in args.batch_sizes:
-        if workload is None:
-            system.prepare(batch, 64)
-            workload = offline_workload(PEERS, system.llm.tokenizer, config.vocab_size)
-            print(f"{args.model}, {args.dtype}, {threads_line()}: the bench's --peers workload, "
-                  f"{len(workload.prompts)} requests, {sum(map(len, workload.prompts))} prompt tokens, "
-                  f"{workload.output_tokens} output tokens")
         served = workload.head(PEERS.batch_one_requests) if batch == 1 else workload   # as the bench serves batch 1
         system.prepare(batch, workload.max_len)
         print(f"max batch {batch} ({len(served.prompts)} requests):")
